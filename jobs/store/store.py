@@ -1,0 +1,405 @@
+"""The one owner of the database (the MLflow tracking-store pattern): every public method
+opens a managed session that commits or rolls back, turns driver errors into StoreError,
+and returns plain records."""
+
+from __future__ import annotations
+
+import uuid as uuid_lib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, delete, func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from engine.sink import SampleRecord, StepReport
+from jobs.store import models
+from jobs.store.database import describe, make_engine
+from jobs.store.errors import InvalidTransitionError, RunNotFoundError, StoreError
+from jobs.store.migrate import require_current_schema
+from jobs.store.records import CheckpointRecord, EventRecord, MetricPoint, RunRecord
+from jobs.store.status import RunStatus, can_transition
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Store:
+    def __init__(self, url: str | None = None, *, check_schema: bool = True) -> None:
+        self.engine: Engine = make_engine(url)
+        if check_schema:
+            require_current_schema(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _session(self) -> Iterator[Session]:
+        session = self._sessions()
+        try:
+            yield session
+            session.commit()
+        except OperationalError as exc:
+            session.rollback()
+            raise StoreError(
+                f"database {describe(str(self.engine.url))} failed: {exc.orig}"
+            ) from exc
+        except SQLAlchemyError as exc:
+            session.rollback()
+            raise StoreError(f"database error: {exc}") from exc
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    # -- runs ---------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        *,
+        name: str,
+        method: str,
+        config: dict[str, Any],
+        total_steps: int | None = None,
+        tags: Sequence[str] = (),
+        notes: str = "",
+        parent_id: int | None = None,
+        status: RunStatus = RunStatus.QUEUED,
+    ) -> RunRecord:
+        now = utcnow()
+        row = models.Run(
+            uuid=str(uuid_lib.uuid4()),
+            name=name,
+            method=method,
+            status=status.value,
+            config=config,
+            created_at=now,
+            step=0,
+            total_steps=total_steps,
+            tags=list(tags),
+            notes=notes,
+            parent_id=parent_id,
+            started_at=now if status is RunStatus.RUNNING else None,
+        )
+        with self._session() as s:
+            s.add(row)
+            s.flush()
+            return _run_record(row)
+
+    def get_run(self, run: int | str) -> RunRecord:
+        with self._session() as s:
+            return _run_record(_find_run(s, run))
+
+    def list_runs(self, *, limit: int = 100, offset: int = 0) -> list[RunRecord]:
+        with self._session() as s:
+            rows = s.scalars(
+                select(models.Run)
+                .order_by(models.Run.created_at.desc(), models.Run.id.desc())
+                .limit(limit)
+                .offset(offset)
+            )
+            return [_run_record(r) for r in rows]
+
+    def count_runs(self) -> int:
+        with self._session() as s:
+            return s.scalar(select(func.count()).select_from(models.Run)) or 0
+
+    def set_status(
+        self, run: int | str, status: RunStatus, *, error: str | None = None
+    ) -> RunRecord:
+        with self._session() as s:
+            row = _find_run(s, run)
+            current = RunStatus(row.status)
+            if current != status and not can_transition(current, status):
+                raise InvalidTransitionError(
+                    f"run {row.id} cannot go from {current.value} to {status.value}"
+                )
+            row.status = status.value
+            now = utcnow()
+            if status is RunStatus.RUNNING and row.started_at is None:
+                row.started_at = now
+            if status.is_terminal():
+                row.finished_at = now
+            elif status is RunStatus.QUEUED:
+                row.finished_at = None
+            if error is not None:
+                row.error = error
+            return _run_record(row)
+
+    def heartbeat(self, run: int | str, step: int | None = None) -> None:
+        with self._session() as s:
+            row = _find_run(s, run)
+            row.heartbeat_at = utcnow()
+            if step is not None:
+                row.step = step
+
+    # -- what a step reports ------------------------------------------------------------
+
+    def record_step(self, run: int | str, report: StepReport) -> None:
+        """Metrics, population rows and samples of one step, in one transaction. Writing a
+        step again replaces its metrics and population rows (a resumed run rewrites the
+        steps after its checkpoint), never duplicates them."""
+        with self._session() as s:
+            row = _find_run(s, run)
+            metric_rows = [
+                {
+                    "run_id": row.id,
+                    "key": k,
+                    "step": report.step,
+                    "value": float(v),
+                    "wall_time": report.wall_time,
+                }
+                for k, v in report.metrics.items()
+            ]
+            if metric_rows:
+                _upsert(s, models.Metric, metric_rows, ["run_id", "key", "step"])
+                _upsert(s, models.LatestMetric, metric_rows, ["run_id", "key"], only_if_newer=True)
+            if report.population:
+                _upsert(
+                    s,
+                    models.PopulationMember,
+                    [
+                        {"run_id": row.id, "step": report.step, **asdict(p)}
+                        for p in report.population
+                    ],
+                    ["run_id", "step", "member"],
+                )
+            s.add_all(
+                models.Sample(run_id=row.id, step=report.step, **asdict(x)) for x in report.samples
+            )
+            row.step = max(row.step, report.step)
+            row.heartbeat_at = utcnow()
+
+    def truncate_after(self, run: int | str, step: int) -> None:
+        """Forget everything a dead attempt wrote after `step` (resume from a checkpoint)."""
+        with self._session() as s:
+            row = _find_run(s, run)
+            for table in (models.Metric, models.PopulationMember, models.Sample):
+                s.execute(delete(table).where(table.run_id == row.id, table.step > step))
+            s.execute(delete(models.LatestMetric).where(models.LatestMetric.run_id == row.id))
+            latest = (
+                select(models.Metric.key, func.max(models.Metric.step).label("step"))
+                .where(models.Metric.run_id == row.id)
+                .group_by(models.Metric.key)
+                .subquery()
+            )
+            rows = s.execute(
+                select(models.Metric)
+                .join(
+                    latest,
+                    (models.Metric.key == latest.c.key) & (models.Metric.step == latest.c.step),
+                )
+                .where(models.Metric.run_id == row.id)
+            ).scalars()
+            s.add_all(
+                models.LatestMetric(
+                    run_id=m.run_id, key=m.key, step=m.step, value=m.value, wall_time=m.wall_time
+                )
+                for m in rows
+            )
+            s.execute(
+                delete(models.Checkpoint).where(
+                    models.Checkpoint.run_id == row.id, models.Checkpoint.step > step
+                )
+            )
+            row.step = step
+
+    def metric_keys(self, run: int | str) -> list[str]:
+        with self._session() as s:
+            row = _find_run(s, run)
+            return list(
+                s.scalars(
+                    select(models.LatestMetric.key)
+                    .where(models.LatestMetric.run_id == row.id)
+                    .order_by(models.LatestMetric.key)
+                )
+            )
+
+    def metric_series(self, run: int | str, key: str) -> list[MetricPoint]:
+        with self._session() as s:
+            row = _find_run(s, run)
+            rows = s.execute(
+                select(models.Metric.step, models.Metric.value, models.Metric.wall_time)
+                .where(models.Metric.run_id == row.id, models.Metric.key == key)
+                .order_by(models.Metric.step)
+            )
+            return [MetricPoint(step=r.step, value=r.value, wall_time=r.wall_time) for r in rows]
+
+    def latest_metrics(self, run_ids: Sequence[int]) -> dict[int, dict[str, float]]:
+        with self._session() as s:
+            rows = s.execute(
+                select(models.LatestMetric).where(models.LatestMetric.run_id.in_(run_ids))
+            ).scalars()
+            out: dict[int, dict[str, float]] = {i: {} for i in run_ids}
+            for m in rows:
+                out[m.run_id][m.key] = m.value
+            return out
+
+    def population(self, run: int | str, step: int) -> list[dict[str, Any]]:
+        with self._session() as s:
+            row = _find_run(s, run)
+            rows = s.scalars(
+                select(models.PopulationMember)
+                .where(
+                    models.PopulationMember.run_id == row.id, models.PopulationMember.step == step
+                )
+                .order_by(models.PopulationMember.member)
+            )
+            return [
+                {
+                    "member": p.member,
+                    "seed": p.seed,
+                    "fitness": p.fitness,
+                    "shaped_fitness": p.shaped_fitness,
+                    "reward": p.reward,
+                    "cost": p.cost,
+                }
+                for p in rows
+            ]
+
+    def samples(self, run: int | str, *, split: str, step: int) -> list[SampleRecord]:
+        with self._session() as s:
+            row = _find_run(s, run)
+            rows = s.scalars(
+                select(models.Sample)
+                .where(
+                    models.Sample.run_id == row.id,
+                    models.Sample.split == split,
+                    models.Sample.step == step,
+                )
+                .order_by(models.Sample.prompt_index, models.Sample.sample_index, models.Sample.id)
+            )
+            return [
+                SampleRecord(
+                    split=x.split,
+                    prompt_index=x.prompt_index,
+                    sample_index=x.sample_index,
+                    prompt=x.prompt,
+                    completion=x.completion,
+                    reward=x.reward,
+                    reward_parts=dict(x.reward_parts or {}),
+                    member=x.member,
+                    logprob=x.logprob,
+                    kept=x.kept,
+                    dropped_by=x.dropped_by,
+                )
+                for x in rows
+            ]
+
+    # -- checkpoints and events ---------------------------------------------------------
+
+    def add_checkpoint(self, run: int | str, step: int, path: str) -> None:
+        with self._session() as s:
+            row = _find_run(s, run)
+            _upsert(
+                s,
+                models.Checkpoint,
+                [{"run_id": row.id, "step": step, "path": path, "created_at": utcnow()}],
+                ["run_id", "step"],
+            )
+
+    def checkpoints(self, run: int | str) -> list[CheckpointRecord]:
+        with self._session() as s:
+            row = _find_run(s, run)
+            rows = s.scalars(
+                select(models.Checkpoint)
+                .where(models.Checkpoint.run_id == row.id)
+                .order_by(models.Checkpoint.step)
+            )
+            return [
+                CheckpointRecord(step=c.step, path=c.path, created_at=c.created_at) for c in rows
+            ]
+
+    def add_event(self, run: int | str, level: str, message: str) -> None:
+        with self._session() as s:
+            row = _find_run(s, run)
+            s.add(models.Event(run_id=row.id, created_at=utcnow(), level=level, message=message))
+
+    def events(self, run: int | str) -> list[EventRecord]:
+        with self._session() as s:
+            row = _find_run(s, run)
+            rows = s.scalars(
+                select(models.Event)
+                .where(models.Event.run_id == row.id)
+                .order_by(models.Event.created_at, models.Event.id)
+            )
+            return [
+                EventRecord(created_at=e.created_at, level=e.level, message=e.message) for e in rows
+            ]
+
+
+def _find_run(session: Session, run: int | str) -> models.Run:
+    """A run by its integer id, its uuid, or a unique uuid prefix (what the CLI prints)."""
+    if isinstance(run, int) or (isinstance(run, str) and run.isdigit()):
+        row = session.get(models.Run, int(run))
+    else:
+        matches = session.scalars(
+            select(models.Run).where(models.Run.uuid.startswith(run)).limit(2)
+        ).all()
+        if len(matches) > 1:
+            raise RunNotFoundError(f"run id {run!r} is ambiguous; give more of the uuid")
+        row = matches[0] if matches else None
+    if row is None:
+        raise RunNotFoundError(f"no run {run!r} in this database; `eslab runs` lists them")
+    return row
+
+
+def _run_record(row: models.Run) -> RunRecord:
+    return RunRecord(
+        id=row.id,
+        uuid=row.uuid,
+        name=row.name,
+        method=row.method,
+        status=RunStatus(row.status),
+        config=dict(row.config),
+        created_at=_aware(row.created_at),
+        started_at=_aware(row.started_at),
+        finished_at=_aware(row.finished_at),
+        heartbeat_at=_aware(row.heartbeat_at),
+        step=row.step,
+        total_steps=row.total_steps,
+        error=row.error,
+        tags=list(row.tags or []),
+        notes=row.notes or "",
+        parent_id=row.parent_id,
+        ray_submission_id=row.ray_submission_id,
+    )
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; every time we store is UTC."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+def _upsert(
+    session: Session,
+    table: type[models.Base],
+    rows: list[dict[str, Any]],
+    keys: list[str],
+    *,
+    only_if_newer: bool = False,
+) -> None:
+    dialect = session.get_bind().dialect.name
+    if dialect == "sqlite":
+        stmt = sqlite_insert(table)
+    elif dialect == "postgresql":
+        stmt = pg_insert(table)
+    else:
+        raise StoreError(
+            f"database dialect {dialect!r} is not supported (use SQLite or PostgreSQL)"
+        )
+    updates = {c: stmt.excluded[c] for c in rows[0] if c not in keys}
+    where = (table.__table__.c.step <= stmt.excluded.step) if only_if_newer else None
+    session.execute(
+        stmt.on_conflict_do_update(index_elements=keys, set_=updates, where=where), rows
+    )

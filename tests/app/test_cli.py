@@ -1,0 +1,90 @@
+"""The `eslab` command as a user meets it: help, and one clear line for bad input."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from engine.model_files import MANIFEST_NAME
+from jobs.store.database import make_engine
+from jobs.store.migrate import upgrade
+
+ESLAB = str(Path(sys.executable).with_name("eslab"))
+
+
+def run_eslab(*args, env=None):
+    return subprocess.run([ESLAB, *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_help_lists_the_commands():
+    result = run_eslab("--help")
+    assert result.returncode == 0
+    for command in ("serve", "model", "db"):
+        assert command in result.stdout
+
+
+def one_line_error(capsys, argv, monkeypatch=None):
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+def test_a_missing_model_folder_is_one_line(capsys, tmp_path):
+    err = one_line_error(capsys, ["model", "check", str(tmp_path / "nope")])
+    assert "does not exist" in err
+
+
+def test_a_corrupt_model_folder_is_one_line(capsys, tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{ not json")
+    err = one_line_error(capsys, ["model", "check", str(folder)])
+    assert "config.json is not valid JSON" in err
+
+
+def test_a_model_whose_weights_changed_is_reported_corrupt(capsys, tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (folder / "tokenizer.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"truncated")
+    (folder / MANIFEST_NAME).write_text(json.dumps({"files": {"model.safetensors": "0" * 64}}))
+    err = one_line_error(capsys, ["model", "check", str(folder)])
+    assert "model.safetensors does not match its checksum" in err
+
+
+def test_an_unreachable_database_is_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("ESLAB_DATABASE_URL", "postgresql+psycopg://nobody@127.0.0.1:1/none")
+    err = one_line_error(capsys, ["db", "current"])
+    assert "cannot reach the database" in err and "ESLAB_DATABASE_URL" in err
+
+
+def test_an_outdated_database_names_the_upgrade_command(capsys, monkeypatch, tmp_path):
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '0000'")
+    engine.dispose()
+    monkeypatch.setenv("ESLAB_DATABASE_URL", url)
+    err = one_line_error(capsys, ["serve", "--port", "1"])
+    assert "eslab db upgrade" in err
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_the_default_model_folder_is_ignored_by_git():
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        ["git", "check-ignore", "data/models/smollm2-135m-instruct/x"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0
