@@ -1,0 +1,271 @@
+"""Parquet datasets: one row per prompt, columns `prompt` and `reward_func_args`.
+
+The format of nlp-waseda/lbes (shared/reference/seed-algorithms.md, section 3 "Data"):
+`prompt` holds chat messages ({role, content}, roles system/user/assistant) and
+`reward_func_args` the keyword arguments of the reward function for that prompt.
+
+Storage decision. `write_dataset` stores `prompt` as list<struct<role, content>> and
+`reward_func_args` as a JSON object string: a parquet struct column takes the union of all
+rows' keys and fills the gaps with nulls, so heterogeneous arguments would not round-trip,
+while JSON keeps each row's keys and value types (int vs float, lists) exactly. The loader
+accepts both JSON strings and structs (as the reference's Hugging Face `to_parquet` writes);
+in a struct column a null field means "absent" and is dropped, since it is how the union
+marks a key the row never had. An optional `metadata` column (same encodings) carries what
+is not an argument, such as a countdown puzzle's solution; the reward function never sees it.
+
+Every error names the file, and where it applies the row (0-based) and the column.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+PROMPT = "prompt"
+REWARD_FUNC_ARGS = "reward_func_args"
+METADATA = "metadata"
+REQUIRED_COLUMNS = (PROMPT, REWARD_FUNC_ARGS)
+ROLES = ("system", "user", "assistant")
+
+_PROMPT_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+_EXCERPT_CHARS = 120
+
+
+class DatasetError(Exception):
+    """A dataset file is missing or malformed, or a generator was given bad input."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt and the arguments its reward function is called with."""
+
+    prompt: list[dict[str, str]]
+    reward_func_args: dict[str, Any]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class WriteResult(NamedTuple):
+    """What a generator wrote: the files, and one line for the user."""
+
+    paths: list[Path]
+    summary: str
+
+
+def load_dataset(path: str | Path) -> list[Example]:
+    """Read and validate a parquet dataset; raises DatasetError naming file, row, column."""
+    path = Path(path)
+    table = _read_table(path)
+    if table.num_rows == 0:
+        raise DatasetError(f"{path}: the dataset is empty (0 rows)")
+    rows = range(table.num_rows)
+    prompts = _column_values(table, PROMPT)
+    args = _column_values(table, REWARD_FUNC_ARGS)
+    metadata = (
+        _column_values(table, METADATA) if METADATA in table.column_names else [None] * len(rows)
+    )
+    return [
+        Example(
+            prompt=parse_prompt(prompts[row], _where(path, row, PROMPT)),
+            reward_func_args=parse_mapping(
+                args[row],
+                _where(path, row, REWARD_FUNC_ARGS),
+                drop_nulls=_is_struct(table, REWARD_FUNC_ARGS),
+            ),
+            # Metadata is optional, so a null cell is an empty dict.
+            metadata=parse_mapping(
+                metadata[row] or {},
+                _where(path, row, METADATA),
+                drop_nulls=_is_struct(table, METADATA),
+            ),
+        )
+        for row in rows
+    ]
+
+
+def write_dataset(examples: Iterable[Example | Mapping[str, Any]], path: str | Path) -> Path:
+    """Validate `examples` (Example objects or mappings with the same keys) and write them
+    to `path` as parquet, atomically, creating parent folders. Returns the path."""
+    path = Path(path)
+    rows = [_validated(example, path, row) for row, example in enumerate(examples)]
+    if not rows:
+        raise DatasetError(f"{path}: no examples to write; a dataset needs at least one row")
+    if path.is_dir():
+        raise DatasetError(f"{path} is a folder; give the path of the .parquet file to write")
+    table = pa.table(
+        {
+            PROMPT: pa.array([e.prompt for e in rows], type=_PROMPT_TYPE),
+            REWARD_FUNC_ARGS: pa.array(
+                [
+                    _to_json(e.reward_func_args, path, i, REWARD_FUNC_ARGS)
+                    for i, e in enumerate(rows)
+                ],
+                type=pa.string(),
+            ),
+            METADATA: pa.array(
+                [_to_json(e.metadata, path, i, METADATA) for i, e in enumerate(rows)],
+                type=pa.string(),
+            ),
+        }
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Write beside the target and rename, so a reader never sees half a file.
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        pq.write_table(table, partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
+
+
+def parse_prompt(value: Any, where: str) -> list[dict[str, str]]:
+    """Validate one `prompt` cell: a non-empty list of {role, content} chat messages."""
+    value = _to_plain(value)
+    if not isinstance(value, list) or not value:
+        raise DatasetError(
+            f"{where}: must be a non-empty list of chat messages {{role, content}}, "
+            f"got {_excerpt(value)}"
+        )
+    messages = []
+    for index, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise DatasetError(
+                f"{where}: message {index} must be a dict with 'role' and 'content', "
+                f"got {_excerpt(message)}"
+            )
+        role, content = message.get("role"), message.get("content")
+        if role not in ROLES:
+            raise DatasetError(
+                f"{where}: message {index} has role {role!r}; it must be one of {', '.join(ROLES)}"
+            )
+        if not isinstance(content, str):
+            raise DatasetError(
+                f"{where}: message {index} content must be a string, got {_excerpt(content)}"
+            )
+        # Null extra fields come from struct unions in other tools' files; anything else
+        # would be dropped without notice, so it is refused.
+        extra = sorted(
+            str(k) for k, v in message.items() if k not in ("role", "content") and v is not None
+        )
+        if extra:
+            raise DatasetError(
+                f"{where}: message {index} has keys {extra}; only 'role' and 'content' are used"
+            )
+        messages.append({"role": role, "content": content})
+    return messages
+
+
+def parse_mapping(value: Any, where: str, *, drop_nulls: bool = False) -> dict[str, Any]:
+    """Validate one `reward_func_args` or `metadata` cell: a dict with string keys, or a
+    JSON object string. `drop_nulls` removes null values (for struct columns)."""
+    value = _to_plain(value)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{where}: a string that is not valid JSON ({exc})") from exc
+    if not isinstance(value, dict):
+        raise DatasetError(
+            f"{where}: must be a dict (a parquet struct or a JSON object string), "
+            f"got {_excerpt(value)}"
+        )
+    bad_keys = [k for k in value if not isinstance(k, str)]
+    if bad_keys:
+        raise DatasetError(f"{where}: keys must be strings, got {bad_keys!r}")
+    if drop_nulls:
+        return {k: v for k, v in value.items() if v is not None}
+    return value
+
+
+def _read_table(path: Path) -> pa.Table:
+    if not path.exists():
+        raise DatasetError(f"{path}: file not found")
+    if path.is_dir():
+        raise DatasetError(f"{path} is a folder; give the path of a .parquet file")
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise DatasetError(f"{path}: not a readable parquet file ({exc})") from exc
+    columns = parquet.schema_arrow.names
+    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+    if missing:
+        raise DatasetError(
+            f"{path}: missing column {', '.join(map(repr, missing))}; a dataset needs the "
+            f"columns {', '.join(REQUIRED_COLUMNS)} (found: {', '.join(columns) or 'none'})"
+        )
+    wanted = [c for c in (*REQUIRED_COLUMNS, METADATA) if c in columns]
+    try:
+        return parquet.read(columns=wanted)
+    except (pa.ArrowException, OSError) as exc:
+        raise DatasetError(f"{path}: reading the parquet file failed ({exc})") from exc
+
+
+def _column_values(table: pa.Table, name: str) -> list[Any]:
+    column = table.column(name)
+    values = column.to_pylist()
+    # A map column reads back as lists of (key, value) pairs.
+    if pa.types.is_map(column.type):
+        return [None if v is None else dict(v) for v in values]
+    return values
+
+
+def _is_struct(table: pa.Table, name: str) -> bool:
+    return name in table.column_names and pa.types.is_struct(table.schema.field(name).type)
+
+
+def _validated(example: Example | Mapping[str, Any], path: Path, row: int) -> Example:
+    if isinstance(example, Example):
+        prompt, args, metadata = example.prompt, example.reward_func_args, example.metadata
+    elif isinstance(example, Mapping):
+        missing = [c for c in REQUIRED_COLUMNS if c not in example]
+        if missing:
+            raise DatasetError(f"{path}: row {row} has no {', '.join(map(repr, missing))}")
+        prompt, args = example[PROMPT], example[REWARD_FUNC_ARGS]
+        metadata = example.get(METADATA) or {}
+    else:
+        raise DatasetError(
+            f"{path}: row {row} must be an Example or a mapping, got {type(example).__name__}"
+        )
+    return Example(
+        prompt=parse_prompt(prompt, _where(path, row, PROMPT)),
+        reward_func_args=parse_mapping(args, _where(path, row, REWARD_FUNC_ARGS)),
+        metadata=parse_mapping(metadata, _where(path, row, METADATA)),
+    )
+
+
+def _to_json(value: dict[str, Any], path: Path, row: int, column: str) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise DatasetError(
+            f"{_where(path, row, column)}: cannot be stored as JSON ({exc})"
+        ) from exc
+
+
+def _to_plain(value: Any) -> Any:
+    """Turn NumPy arrays and scalars (as pandas hands them out) and tuples into Python
+    lists and scalars, recursively."""
+    if isinstance(value, Mapping):
+        return {k: _to_plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | np.ndarray):
+        return [_to_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _where(path: Path, row: int, column: str) -> str:
+    return f"{path}: row {row}, column {column!r}"
+
+
+def _excerpt(value: Any) -> str:
+    text = f"{type(value).__name__} {value!r}"
+    return text if len(text) <= _EXCERPT_CHARS else f"{text[:_EXCERPT_CHARS]}..."
