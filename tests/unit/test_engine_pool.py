@@ -1,0 +1,138 @@
+"""EnginePool logic with a fake engine (no vLLM, no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.backends import pool as pool_module
+from engine.backends.base import Completion, EngineMismatchError, PerturbationEngine
+from engine.backends.pool import EnginePool
+
+
+class FakeEngine:
+    """Records calls; its 'weights' are the current perturbation and an update log."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.current: tuple[int, float] | None = None
+        self.updates: list[tuple[tuple[int, ...], tuple[float, ...]]] = []
+
+    def generate(self, prompts, n=1, temperature=0.0, max_tokens=256, seed=None):
+        self.calls.append(("generate", len(prompts)))
+        tag = f"{self.current}"
+        return [[Completion(f"{p[0]['content']}|{tag}", 1, True, (1,))] * n for p in prompts]
+
+    def completion_logprobs(self, prompts, completions):
+        return [-float(len(c)) for c in completions]
+
+    def perturb(self, seed, scale):
+        self.calls.append(("perturb", seed, scale))
+        self.current = (seed, scale)
+
+    def restore(self):
+        self.calls.append(("restore",))
+        self.current = None
+
+    def update(self, seeds, coefficients):
+        self.updates.append((tuple(seeds), tuple(coefficients)))
+
+    def checksum(self):
+        return str(self.updates)
+
+    def save_hf(self, path):
+        self.calls.append(("save_hf", path))
+
+    def save_master(self, path):
+        self.calls.append(("save_master", path))
+
+    def load_master(self, path):
+        self.calls.append(("load_master", path))
+
+    def shutdown(self):
+        self.calls.append(("shutdown",))
+
+
+def messages(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def member_text(engine: PerturbationEngine) -> str:
+    return engine.generate([messages("q")])[0][0].text
+
+
+def test_fake_engine_satisfies_the_protocol():
+    assert isinstance(FakeEngine(), PerturbationEngine)
+
+
+def test_evaluate_runs_members_in_order_and_restores_once():
+    engine = FakeEngine()
+    pool = EnginePool.wrap(engine)
+    results = pool.evaluate([(1, 0.1), (2, -0.1), (3, 0.1)], member_text)
+    assert results == ["q|(1, 0.1)", "q|(2, -0.1)", "q|(3, 0.1)"]
+    kinds = [c[0] for c in engine.calls]
+    assert kinds == ["perturb", "generate", "perturb", "generate", "perturb", "generate", "restore"]
+    assert set(pool.last_stats) == {"perturb_s", "restore_s"}
+
+
+def test_evaluate_restores_when_a_member_fails():
+    engine = FakeEngine()
+    pool = EnginePool.wrap(engine)
+
+    def failing(e):
+        if e.current == (2, 0.1):
+            raise RuntimeError("reward failed")
+        return 0.0
+
+    with pytest.raises(RuntimeError, match="reward failed"):
+        pool.evaluate([(1, 0.1), (2, 0.1), (3, 0.1)], failing)
+    assert engine.calls[-1] == ("restore",)
+    assert engine.current is None
+
+
+def test_update_returns_the_checksum_and_mismatch_is_an_error():
+    engine = FakeEngine()
+    pool = EnginePool.wrap(engine)
+    checksum = pool.update([5, 6], [0.5, -0.5])
+    assert engine.updates == [((5, 6), (0.5, -0.5))]
+    assert checksum == engine.checksum()
+    error = EngineMismatchError(["aaaa", "bbbb"])
+    assert "engine 1: bbbb" in str(error) and error.checksums == ["aaaa", "bbbb"]
+
+
+def test_verify_in_sync_raises_on_disagreeing_engines(monkeypatch):
+    pool = EnginePool.wrap(FakeEngine())
+    monkeypatch.setattr(pool, "broadcast", lambda method, *args: ["x", "y"])
+    with pytest.raises(EngineMismatchError):
+        pool.verify_in_sync()
+
+
+def test_unperturbed_generation_and_logprobs_go_through_the_pool():
+    engine = FakeEngine()
+    pool = EnginePool.wrap(engine)
+    out = pool.generate([messages("a"), messages("b")], n=2)
+    assert [[c.text for c in cs] for cs in out] == [["a|None"] * 2, ["b|None"] * 2]
+    assert pool.completion_logprobs([messages("a")], ["xyz"]) == [-3.0]
+    with pytest.raises(ValueError, match="prompts"):
+        pool.completion_logprobs([messages("a")], [])
+
+
+def test_single_engine_pool_rejects_other_indexes():
+    pool = EnginePool.wrap(FakeEngine())
+    with pytest.raises(IndexError):
+        pool.call_engine(1, "checksum")
+
+
+def test_split_keeps_order_and_balances():
+    assert pool_module._split(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert pool_module._split([1], 3) == [[1], [], []]
+
+
+def test_cpu_bind_masks_give_engines_disjoint_cores():
+    assert pool_module._cpu_bind_masks(2, [0, 1]) == ["0", "1"]
+    assert pool_module._cpu_bind_masks(2, [0, 1, 2, 3]) == ["0,1", "2,3"]
+    assert pool_module._cpu_bind_masks(3, [0, 1]) == ["0", "1", "0"]
+
+
+def test_num_engines_must_be_positive():
+    with pytest.raises(ValueError, match="num_engines"):
+        EnginePool("model", num_engines=0)
