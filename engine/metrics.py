@@ -1,0 +1,43 @@
+"""Metric key names, defined once. The trainer writes them; the database, the dashboard and
+`eslab export` read them. Keys are slash paths: `<split>/<what>[/<stat>]`."""
+
+from __future__ import annotations
+
+TRAIN = "train"
+EVAL = "eval"
+
+NOISE_STD = "train/noise_std"
+LEARNING_RATE = "train/learning_rate"
+EPOCH = "train/epoch"
+NUM_TOKENS = "train/num_tokens"
+TOKENS_PER_SECOND = "train/tokens_per_second"
+SAMPLES_PER_SECOND = "train/samples_per_second"
+FRAC_REWARD_ZERO_STD = "train/frac_reward_zero_std"
+RETAINED_PROMPT_RATIO = "train/retained_prompt_ratio"
+RETAINED_REWARD_RATIO = "train/retained_reward_ratio"
+CORRELATION_MEAN = "train/correlation/mean"
+UPDATE_NORM = "train/update/coefficient_norm"
+EVAL_RUNTIME = "eval/runtime"
+
+# Time per phase of a step, in seconds.
+PHASES = ("generation", "perturb", "restore", "reward", "logprobs", "update", "eval", "save",
+          "step")
+
+
+def time_key(phase: str) -> str:
+    if phase not in PHASES:
+        raise KeyError(f"unknown phase {phase!r}; known: {', '.join(PHASES)}")
+    return f"time/{phase}"
+
+
+STATS = ("mean", "std", "min", "max")
+
+
+def reward_key(split: str, part: str = "reward", stat: str = "mean") -> str:
+    """`train/reward/mean`, `eval/accuracy/mean`, ...: one key per reward part and statistic."""
+    return f"{split}/{part}/{stat}"
+
+
+def completion_key(split: str, stat: str) -> str:
+    """Completion lengths in tokens (`mean_length`, `min_length`, ...) and `clipped_ratio`."""
+    return f"{split}/completions/{stat}"

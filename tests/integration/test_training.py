@@ -1,0 +1,137 @@
+"""The training loop on the real engine (vLLM on the CPU, the default model).
+
+Every test starts from the input model: the `pool` fixture saves the fp32 master copy of the
+shared session engine first and loads it back afterwards.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engine import metrics as mk
+from engine.backends.pool import EnginePool
+from engine.config import RunConfig
+from engine.paths import data_dir
+from engine.sink import StepReport
+from engine.trainer import train
+
+pytestmark = pytest.mark.heavy
+
+CONCISENESS = data_dir() / "conciseness"
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.steps: list[StepReport] = []
+
+    def log_step(self, report: StepReport) -> None:
+        self.steps.append(report)
+
+    def log_checkpoint(self, step: int, path: str) -> None:
+        pass
+
+    def log_event(self, level: str, message: str) -> None:
+        pass
+
+    def heartbeat(self, step: int) -> None:
+        pass
+
+    def series(self, key: str) -> list[tuple[int, float]]:
+        return [(r.step, r.metrics[key]) for r in self.steps if key in r.metrics]
+
+
+@pytest.fixture
+def pool(vllm_engine, tmp_path_factory):
+    initial = tmp_path_factory.mktemp("initial-master")
+    vllm_engine.save_master(str(initial))
+    yield EnginePool.wrap(vllm_engine)
+    vllm_engine.load_master(str(initial))
+
+
+def conciseness_config(tmp_path: Path, **options) -> RunConfig:
+    base = {
+        "method": "es", "train_file": str(CONCISENESS / "train.parquet"),
+        "output_dir": str(tmp_path / "out"),
+        "reward_func_path": "engine.rewards.conciseness.compute_score",
+        "population_size": 4, "data_batch_size": 2, "max_steps": 1, "max_tokens": 16,
+        "noise_std": 0.002, "learning_rate": 4e-5, "seed": 7,
+    }
+    return RunConfig.from_flat({**base, **options})
+
+
+def untimed(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in metrics.items()
+            if not k.startswith("time/") and k != mk.EVAL_RUNTIME}
+
+
+def test_es_on_conciseness_raises_the_mean_reward(pool, tmp_path):
+    """The issue's measure: a short ES run with a fixed seed raises the eval reward."""
+    config = conciseness_config(
+        tmp_path, population_size=8, data_batch_size=8, max_steps=3, max_tokens=64,
+        eval_file=str(CONCISENESS / "test.parquet"), eval_strategy="steps", eval_steps=3)
+    sink = ListSink()
+    train(config, sink, pool=pool)
+    evals = dict(sink.series(mk.reward_key(mk.EVAL)))
+    print(f"eval reward (minus characters off the target): {evals}")
+    assert set(evals) == {0, 3}
+    assert evals[3] > evals[0] + 10, evals  # at least 10 characters closer on average
+    first = next(r for r in sink.steps if r.step == 1)
+    assert len(first.population) == 8 and first.samples
+    assert first.metrics[mk.time_key("generation")] > 0
+
+
+def test_learning_rate_zero_saves_the_input_weights(pool, tmp_path, default_model_dir):
+    config = conciseness_config(tmp_path, learning_rate=0.0, population_size=2, max_tokens=8)
+    output = train(config, ListSink(), pool=pool)
+    saved = load_file(output / "model.safetensors")
+    original = load_file(default_model_dir / "model.safetensors")
+    assert saved.keys() == original.keys()
+    for name, tensor in original.items():
+        assert torch.equal(saved[name].view(torch.uint8), tensor.view(torch.uint8)), name
+
+
+def test_the_same_seed_twice_gives_identical_metrics(pool, vllm_engine, tmp_path):
+    vllm_engine.save_master(str(tmp_path / "input"))
+    runs = []
+    for attempt in ("a", "b"):
+        vllm_engine.load_master(str(tmp_path / "input"))
+        sink = ListSink()
+        train(conciseness_config(tmp_path / attempt, max_steps=2), sink, pool=pool)
+        runs.append([untimed(r.metrics) for r in sink.steps])
+    assert len(runs[0]) == 2
+    assert runs[0] == runs[1]
+
+
+def test_resume_from_a_checkpoint_matches_the_uninterrupted_run(pool, vllm_engine, tmp_path):
+    vllm_engine.save_master(str(tmp_path / "input"))
+    options = {"max_steps": 2, "save_strategy": "steps", "save_steps": 1}
+    straight = ListSink()
+    train(conciseness_config(tmp_path / "straight", **options), straight, pool=pool)
+
+    vllm_engine.load_master(str(tmp_path / "input"))
+    config = conciseness_config(tmp_path / "stopped", **options)
+    train(config.with_overrides(["max_steps=1"]), ListSink(), pool=pool)
+    vllm_engine.load_master(str(tmp_path / "input"))  # the resumed run must not rely on RAM
+    resumed = ListSink()
+    train(config, resumed, pool=pool, resume_from=tmp_path / "stopped" / "out" / "checkpoint-1")
+    assert [untimed(r.metrics) for r in resumed.steps] == [untimed(straight.steps[1].metrics)]
+
+
+def test_lbes_step_reports_filters_logprobs_and_correlations(pool, tmp_path):
+    config = conciseness_config(tmp_path, method="lbes", n=4, temperature=1.0,
+                                top_k_rewards=1, bottom_k_rewards=1)
+    sink = ListSink()
+    train(config, sink, pool=pool)
+    (report,) = sink.steps
+    assert len(report.samples) == 2 * 4  # every base sample
+    kept = [s for s in report.samples if s.kept]
+    assert len(kept) == 2 * 2  # the best and the worst sample of each prompt
+    assert all(s.logprob is not None and s.logprob < 0 for s in kept)
+    assert {s.dropped_by for s in report.samples if not s.kept} <= {
+        "top_k_rewards+bottom_k_rewards"}
+    assert report.metrics[mk.RETAINED_REWARD_RATIO] == 0.5
+    assert all(p.fitness is None or -1 <= p.fitness <= 1 for p in report.population)

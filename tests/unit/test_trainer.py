@@ -1,0 +1,208 @@
+"""The training loop's logic, around a toy engine (a vector of numbers whose first entry sets
+the completion length). The real vLLM engine runs the same loop in
+tests/integration/test_training.py; here the fake makes exact, fast checks possible."""
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from engine import metrics as mk
+from engine.config import RunConfig
+from engine.data.datasets import Example, write_dataset
+from engine.rewards import RewardError
+from engine.sink import StepReport
+from engine.trainer import list_checkpoints, train
+
+DIM = 4
+
+
+@dataclass
+class ToyCompletion:
+    text: str
+    num_tokens: int
+    finished: bool
+
+
+class ToyEngine:
+    def __init__(self) -> None:
+        self.master = np.zeros(DIM)
+        self.weights = self.master.copy()
+
+    @staticmethod
+    def eps(seed: int) -> np.ndarray:
+        return np.random.default_rng(seed).standard_normal(DIM)
+
+    def perturb(self, seed: int, scale: float) -> None:
+        self.weights = self.master + scale * self.eps(seed)
+
+    def restore(self) -> None:
+        self.weights = self.master.copy()
+
+    def update(self, seeds, coefficients) -> None:
+        for seed, c in zip(seeds, coefficients, strict=True):
+            self.master = self.master + c * self.eps(seed)
+        self.weights = self.master.copy()
+
+    def generate(self, prompts, *, n, temperature, max_tokens, seed):
+        length = int(np.clip(round(20 + 100 * self.weights[0]), 0, max_tokens))
+        return [[ToyCompletion("x" * length, length, length < max_tokens)] * n for _ in prompts]
+
+    def completion_logprobs(self, prompts, completions):
+        return [-len(c) * (1 + self.weights[1]) for c in completions]
+
+
+class ToyPool:
+    """The EnginePool interface over one ToyEngine."""
+
+    def __init__(self) -> None:
+        self.engine = ToyEngine()
+        self.last_stats = {"perturb_s": 0.0, "restore_s": 0.0}
+
+    def generate(self, prompts, **sampling):
+        return self.engine.generate(prompts, **sampling)
+
+    def evaluate(self, perturbations, task):
+        results = []
+        for seed, scale in perturbations:
+            self.engine.perturb(seed, scale)
+            results.append(task(self.engine))
+            self.engine.restore()
+        return results
+
+    def update(self, seeds, coefficients) -> None:
+        self.engine.update(seeds, coefficients)
+
+    def save_hf(self, path: str) -> None:
+        from pathlib import Path
+
+        Path(path).mkdir(parents=True, exist_ok=True)
+        np.save(Path(path) / "weights.npy", self.engine.master)
+
+    def save_master(self, path: str) -> None:
+        self.save_hf(path)
+
+    def load_master(self, path: str) -> None:
+        from pathlib import Path
+
+        self.engine.master = np.load(Path(path) / "weights.npy")
+        self.engine.weights = self.engine.master.copy()
+
+    def shutdown(self) -> None:
+        pass
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.steps: list[StepReport] = []
+        self.checkpoints: list[tuple[int, str]] = []
+        self.events: list[tuple[str, str]] = []
+
+    def log_step(self, report):
+        self.steps.append(report)
+
+    def log_checkpoint(self, step, path):
+        self.checkpoints.append((step, path))
+
+    def log_event(self, level, message):
+        self.events.append((level, message))
+
+    def heartbeat(self, step):
+        pass
+
+    def series(self, key):
+        return [(r.step, r.metrics[key]) for r in self.steps if key in r.metrics]
+
+
+def raising_reward(completion_text: str, **kwargs):
+    raise ValueError("boom")
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    examples = [Example(prompt=[{"role": "user", "content": f"question {i}"}],
+                        reward_func_args={"target": "ok"}) for i in range(8)]
+    return str(write_dataset(examples, tmp_path / "train.parquet"))
+
+
+def make_config(dataset, tmp_path, **options):
+    base = {"method": "es", "train_file": dataset, "eval_file": dataset,
+            "output_dir": str(tmp_path / "out"),
+            "reward_func_path": "engine.rewards.conciseness.compute_score",
+            "population_size": 8, "noise_std": 0.05, "learning_rate": 0.02,
+            "data_batch_size": 4, "max_steps": 10, "max_tokens": 64,
+            "eval_strategy": "steps", "eval_steps": 5}
+    return RunConfig.from_flat({**base, **options})
+
+
+def test_es_on_the_toy_engine_raises_the_eval_reward(dataset, tmp_path):
+    sink = ListSink()
+    train(make_config(dataset, tmp_path), sink, pool=ToyPool())
+    evals = sink.series(mk.reward_key(mk.EVAL))
+    assert [s for s, _ in evals] == [0, 5, 10]  # eval before training, then every 5 steps
+    assert evals[0][1] == -18.0  # 20 characters against a 2-character target
+    assert evals[-1][1] > evals[0][1] + 5
+    assert [r.step for r in sink.steps if mk.NOISE_STD in r.metrics] == list(range(1, 11))
+    step = next(r for r in sink.steps if r.step == 1 and r.population)
+    assert len(step.population) == 8
+    assert np.isclose(np.mean([p.shaped_fitness for p in step.population]), 0.0)
+    assert (tmp_path / "out" / "weights.npy").is_file()  # the final model
+
+
+def test_resuming_from_a_checkpoint_gives_the_same_metrics(dataset, tmp_path):
+    straight = ListSink()
+    train(make_config(dataset, tmp_path / "a", max_steps=6, save_strategy="steps",
+                      save_steps=3), straight, pool=ToyPool())
+
+    first = ListSink()
+    config = make_config(dataset, tmp_path / "b", max_steps=6, save_strategy="steps",
+                         save_steps=3)
+    train(config.with_overrides(["max_steps=3"]), first, pool=ToyPool())
+    checkpoint = tmp_path / "b" / "out" / "checkpoint-3"
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == 3
+    resumed = ListSink()
+    train(config, resumed, pool=ToyPool(), resume_from=checkpoint)
+
+    key = mk.reward_key(mk.TRAIN)
+    assert straight.series(key) == first.series(key) + resumed.series(key)
+    assert straight.series(mk.reward_key(mk.EVAL))[-1] == resumed.series(
+        mk.reward_key(mk.EVAL))[-1]
+
+
+def test_save_total_limit_keeps_the_newest_checkpoints(dataset, tmp_path):
+    sink = ListSink()
+    train(make_config(dataset, tmp_path, max_steps=5, save_strategy="steps", save_steps=1,
+                      save_total_limit=2), sink, pool=ToyPool())
+    assert [p.name for p in list_checkpoints(tmp_path / "out")] == ["checkpoint-4",
+                                                                   "checkpoint-5"]
+    assert [s for s, _ in sink.checkpoints] == [1, 2, 3, 4, 5]
+
+
+def test_lbes_skips_steps_whose_samples_all_tie_and_gives_up_after_an_epoch(dataset, tmp_path):
+    config = make_config(dataset, tmp_path, method="lbes", n=2, temperature=1.0,
+                         exclude_same_rewards_samples=True, eval_strategy="no")
+    sink = ListSink()
+    with pytest.raises(RuntimeError, match="whole epoch"):
+        train(config, sink, pool=ToyPool())
+    assert sink.steps == []  # no step advanced: every base sample had the same reward
+    assert [level for level, _ in sink.events] == ["warning", "warning"]
+
+
+def test_lbes_reports_every_base_sample_with_its_filter(dataset, tmp_path):
+    config = make_config(dataset, tmp_path, method="lbes", n=2, temperature=1.0,
+                         eval_strategy="no", max_steps=1, flat_top_k_rewards=3)
+    sink = ListSink()
+    train(config, sink, pool=ToyPool())
+    (report,) = sink.steps
+    assert len(report.samples) == 4 * 2  # every base sample of the batch
+    assert sum(s.kept for s in report.samples) == 3
+    assert {s.dropped_by for s in report.samples if not s.kept} == {"flat_top_k_rewards"}
+    assert report.metrics[mk.RETAINED_REWARD_RATIO] == 3 / 8
+
+
+def test_a_failing_reward_function_stops_the_run_naming_it(dataset, tmp_path):
+    config = make_config(dataset, tmp_path,
+                         reward_func_path="tests.unit.test_trainer.raising_reward")
+    with pytest.raises(RewardError, match="raising_reward raised ValueError: boom"):
+        train(config, ListSink(), pool=ToyPool())
