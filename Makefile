@@ -17,7 +17,7 @@ VENV_OK := $(VENV)/.eslab-venv-ok
 DEPS_OK := $(VENV)/.eslab-deps-$(DEPS_KEY)
 INSTALLING := $(VENV)/.eslab-installing
 
-.PHONY: run test setup deps model db lint
+.PHONY: run test setup deps model db lint system-deps
 .DEFAULT_GOAL := run
 
 run: setup
@@ -25,7 +25,7 @@ run: setup
 
 # pytest exits 5 when it collected no tests: that is a failure too (a suite that ran
 # nothing proves nothing), and it is said in words.
-test: setup
+test: setup system-deps
 	@$(PY) -m pytest $(PYTEST_ARGS); code=$$?; \
 	if [ $$code -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$code
 
@@ -62,6 +62,14 @@ model: deps
 
 db: deps
 	$(ESLAB) db upgrade
+
+# PostgreSQL for the PostgreSQL variant of the store tests (they start their own server on
+# 127.0.0.1); where it cannot be installed those tests are skipped and say why.
+system-deps:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || \
+	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; } || \
+	echo "make: PostgreSQL is not installed; its store tests will be skipped"
 
 lint: deps
 	$(VENV)/bin/ruff check .

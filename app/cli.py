@@ -4,16 +4,24 @@ those layers become one line on stderr and exit code 2, never a traceback."""
 from __future__ import annotations
 
 import argparse
-import subprocess
+import csv
+import json
+import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 
+from engine.config import ConfigError, RunConfig
+from engine.data.datasets import DatasetError
 from engine.model_files import ModelError
+from engine.rewards import RewardError
+from engine.sink import Sink
 from jobs.store.errors import StoreError
 
 DASHBOARD_PORT = 8501
-USER_ERRORS: tuple[type[Exception], ...] = (ModelError, StoreError)
+USER_ERRORS: tuple[type[Exception], ...] = (
+    ConfigError, DatasetError, ModelError, RewardError, StoreError)
 
 
 def cmd_model_fetch_default(args: argparse.Namespace) -> int:
@@ -55,31 +63,268 @@ def cmd_db_current(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def load_config(path: str, overrides: list[str]) -> RunConfig:
+    """A YAML file, or the name of a preset (engine/presets) when no such file exists."""
+    from engine.presets import preset_names, preset_path
+
+    if not Path(path).exists() and path in preset_names():
+        path = str(preset_path(path))
+    config = RunConfig.from_yaml(path)
+    return config.with_overrides(overrides) if overrides else config
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train in the foreground (no Ray, no scheduler) with a progress bar."""
+    from engine.progress import ProgressSink
+    from engine.sink import JsonlSink
+    from engine.trainer import plan_total_steps, train
+
+    config = load_config(args.config, args.set)
+    if args.no_db:
+        total = plan_total_steps(config)
+        log = Path(args.no_db)
+        progress = ProgressSink(JsonlSink(log), total)
+        try:
+            output = train(config, progress, resume_from=args.resume)
+        finally:
+            progress.close()
+        print(f"final model in {output}; metrics in {log}")
+        return 0
+
+    from jobs.runner import create_foreground_run, execute
     from jobs.store.store import Store
 
-    Store().close()  # refuse to start on an unreachable or outdated database, in one line
-    entry = Path(__file__).with_name("main.py")
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamlit",
-        "run",
-        str(entry),
-        "--server.address",
-        args.host,
-        "--server.port",
-        str(args.port),
-        "--server.headless",
-        "true",
-        "--browser.gatherUsageStats",
-        "false",
-    ]
-    print(f"ES Lab dashboard on http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
+    store = Store()
+    run = create_foreground_run(store, config)
+    print(f"run {run.id} ({run.uuid}) '{run.name}': {run.total_steps} steps", flush=True)
+    bars: list[ProgressSink] = []
+
+    def with_progress(sink: Sink) -> Sink:
+        bars.append(ProgressSink(sink, run.total_steps or 0, run.name))
+        return bars[0]
+
     try:
-        return subprocess.call(cmd)
-    except KeyboardInterrupt:
+        output = execute(store, run, config, with_progress, resume_from=args.resume)
+    except Exception as exc:
+        for bar in bars:
+            bar.close()
+        print(f"eslab: run {run.id} failed: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+    for bar in bars:
+        bar.close()
+    print(f"run {run.id} succeeded; final model in {output}")
+    return 0
+
+
+def cmd_data_countdown(args: argparse.Namespace) -> int:
+    from engine.data.countdown import generate_countdown
+
+    print(generate_countdown(args.n_given_numbers, args.out, n_train=args.n_train,
+                             n_test=args.n_test, seed=args.seed).summary)
+    return 0
+
+
+def cmd_data_gsm8k(args: argparse.Namespace) -> int:
+    from engine.data.gsm8k import convert_gsm8k
+
+    print(convert_gsm8k(args.input, args.out).summary)
+    return 0
+
+
+def cmd_data_conciseness(args: argparse.Namespace) -> int:
+    from engine.data.conciseness import write_conciseness
+
+    print(write_conciseness(args.out).summary)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Ray (local head or RAY_ADDRESS), the scheduler and the dashboard (jobs/service.py)."""
+    from jobs.scheduler import SchedulerSettings
+    from jobs.service import ServiceError, serve
+
+    overrides = {}
+    if args.max_concurrent_runs is not None:
+        overrides["max_concurrent_runs"] = args.max_concurrent_runs
+    try:
+        return serve(args.host, args.port, SchedulerSettings.from_env(**overrides))
+    except ServiceError as exc:
+        print(f"eslab: error: {exc}", file=sys.stderr)
+        return 2
+
+
+# -- runs on the queue (the scheduler runs them as Ray jobs) ----------------------------------
+
+
+def dashboard_url(run_id: int) -> str:
+    """The run's page; ESLAB_DASHBOARD_URL names the server when it is not the local one."""
+    base = os.environ.get("ESLAB_DASHBOARD_URL", f"http://127.0.0.1:{DASHBOARD_PORT}")
+    return f"{base.rstrip('/')}/run?run={run_id}"
+
+
+def _overridden(pairs: list[str], option: str) -> bool:
+    return any(p.partition("=")[0].strip().rpartition(".")[2] == option for p in pairs)
+
+
+def _queue(config: RunConfig, name: str | None = None, parent_id: int | None = None,
+           tags: Sequence[str] = ()) -> int:
+    """Validate what can be checked before a run starts (datasets, reward function, model
+    folder), refuse an output_dir that a live run writes to, then queue the run."""
+    from engine.config import FieldError
+    from engine.paths import resolve_path
+    from engine.trainer import plan_total_steps
+    from jobs.runner import default_run_name
+    from jobs.store.store import Store
+
+    total = plan_total_steps(config)
+    store = Store()
+    try:
+        output = resolve_path(config.data.output_dir)
+        for other in store.active_runs() + store.queued_runs(limit=1000):
+            if resolve_path(other.config.get("output_dir") or "") == output:
+                raise ConfigError([FieldError("output_dir", (
+                    f"data.output_dir {config.data.output_dir} is in use by run {other.id} "
+                    f"({other.status.value}); give this run its own with --set "
+                    "output_dir=..."))])
+        run = store.create_run(name=name or default_run_name(config), method=config.method,
+                               config=config.to_flat(), total_steps=total, tags=list(tags),
+                               parent_id=parent_id)
+    finally:
+        store.close()
+    print(f"run {run.id} ({run.uuid}) '{run.name}' queued: {total} steps")
+    print(dashboard_url(run.id))
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    return _queue(load_config(args.config, args.set), tags=args.tag)
+
+
+def cmd_clone(args: argparse.Namespace) -> int:
+    """A new run from another's configuration with --set changes, linked to it as parent.
+    It gets its own output_dir (and name) unless --set gives one."""
+    import uuid
+
+    from jobs.store.store import Store
+
+    store = Store()
+    try:
+        parent = store.get_run(args.run)
+    finally:
+        store.close()
+    base = RunConfig.from_flat(parent.config)
+    suffix = uuid.uuid4().hex[:6]
+    own = [] if _overridden(args.set, "output_dir") else [
+        f"output_dir={str(base.data.output_dir).rstrip('/')}-clone-{suffix}"]
+    config = base.with_overrides(own + args.set)
+    name = config.logging.run_name if _overridden(args.set, "run_name") else \
+        f"{parent.name}-clone-{suffix}"
+    return _queue(config, name=name, parent_id=parent.id, tags=parent.tags)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from jobs.store.store import Store
+
+    store = Store()
+    try:
+        runs = store.list_runs(limit=args.limit)
+    finally:
+        store.close()
+    if not runs:
+        print("no runs yet; `eslab submit CONFIG.yaml` queues one")
         return 0
+    rows = [("ID", "NAME", "METHOD", "STATUS", "STEP", "CREATED")]
+    rows += [(str(r.id), r.name, r.method, r.status.value, f"{r.step}/{r.total_steps or '?'}",
+              r.created_at.astimezone().strftime("%Y-%m-%d %H:%M")) for r in runs]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from jobs.store.status import RunStatus
+    from jobs.store.store import Store
+
+    store = Store()
+    try:
+        run = store.request_cancel(args.run)
+    finally:
+        store.close()
+    if run.status is RunStatus.CANCELLED:
+        print(f"run {run.id} cancelled (it had not started)")
+    else:
+        print(f"run {run.id} is cancelling: its job finishes the current step, saves a "
+              "checkpoint and ends cancelled (`eslab resume` continues it)")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """Queue a failed or cancelled run again from its latest checkpoint, same run id;
+    what the stopped attempt wrote after that checkpoint is replaced, not duplicated."""
+    from jobs.store.store import Store
+    from jobs.worker import latest_checkpoint
+
+    store = Store()
+    try:
+        checkpoint = latest_checkpoint(store, args.run)
+        run = store.resume_run(args.run, checkpoint.step if checkpoint else 0)
+    finally:
+        store.close()
+    where = f"{checkpoint.path} (step {checkpoint.step})" if checkpoint else "the start (no " \
+        "checkpoint was saved)"
+    print(f"run {run.id} queued again as attempt {run.attempt}: resumes from {where}")
+    print(dashboard_url(run.id))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Every metric, population row and sample of a run, unsampled: one JSON document, or
+    a folder of CSV files (metrics.csv, population.csv, samples.csv) and run.json."""
+    from jobs.store.store import Store
+
+    store = Store()
+    try:
+        exported = store.export_run(args.run)
+    finally:
+        store.close()
+    run = _plain(asdict(exported.run))
+    tables = {"metrics": exported.metrics, "population": exported.population,
+              "samples": exported.samples}
+    counts = ", ".join(f"{len(rows)} {name} rows" for name, rows in tables.items())
+    if args.format == "json":
+        document = {"run": run, **tables,
+                    "checkpoints": [_plain(asdict(c)) for c in exported.checkpoints],
+                    "events": [_plain(asdict(e)) for e in exported.events]}
+        text = json.dumps(document, indent=1, default=str)
+        if args.out in (None, "-"):
+            print(text)
+            return 0
+        Path(args.out).write_text(text + "\n")
+        print(f"wrote {counts} to {args.out}", file=sys.stderr)
+        return 0
+    folder = Path(args.out or f"{exported.run.name}-export")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "run.json").write_text(json.dumps(run, indent=1, default=str) + "\n")
+    for name, rows in tables.items():
+        _write_csv(folder / f"{name}.csv", rows)
+    print(f"wrote {counts} to {folder}/", file=sys.stderr)
+    return 0
+
+
+def _plain(record: dict) -> dict:
+    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in record.items()}
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="") as f:
+        if not rows:
+            return
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: json.dumps(v) if isinstance(v, dict | list) else v
+                             for k, v in row.items()})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,10 +334,69 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = commands.add_parser("serve", help="start the dashboard on http://127.0.0.1:8501")
+    serve = commands.add_parser(
+        "serve", help="start Ray, the scheduler and the dashboard on http://127.0.0.1:8501")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=DASHBOARD_PORT)
+    serve.add_argument("--max-concurrent-runs", type=int, metavar="N",
+                       help="runs at once (default: ESLAB_MAX_CONCURRENT_RUNS or 1)")
     serve.set_defaults(func=cmd_serve)
+
+    submit = commands.add_parser("submit", help="validate a run and queue it for `eslab serve`")
+    submit.add_argument("config", help="YAML file of option: value pairs (see engine/config.py)")
+    submit.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
+                        help="override an option of the file (repeatable)")
+    submit.add_argument("--tag", action="append", default=[], help="label the run (repeatable)")
+    submit.set_defaults(func=cmd_submit)
+    runs = commands.add_parser("runs", help="list runs: status and progress")
+    runs.add_argument("--limit", type=int, default=20)
+    runs.set_defaults(func=cmd_runs)
+    cancel = commands.add_parser("cancel", help="cancel a queued or running run")
+    cancel.add_argument("run", help="run id or uuid (prefix)")
+    cancel.set_defaults(func=cmd_cancel)
+    resume = commands.add_parser(
+        "resume", help="queue a failed or cancelled run again from its latest checkpoint")
+    resume.add_argument("run", help="run id or uuid (prefix)")
+    resume.set_defaults(func=cmd_resume)
+    clone = commands.add_parser("clone", help="queue a new run from another's configuration")
+    clone.add_argument("run", help="run id or uuid (prefix) to copy")
+    clone.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
+                       help="change an option (repeatable)")
+    clone.set_defaults(func=cmd_clone)
+    export = commands.add_parser("export", help="a run's metrics, population and samples")
+    export.add_argument("run", help="run id or uuid (prefix)")
+    export.add_argument("--format", choices=("csv", "json"), default="json")
+    export.add_argument("--out", help="json: file (default stdout); csv: folder "
+                        "(default NAME-export/)")
+    export.set_defaults(func=cmd_export)
+
+    train = commands.add_parser(
+        "train", help="train in the foreground (no Ray) with a progress bar, recorded in the db")
+    train.add_argument("config", help="YAML file of option: value pairs, or a preset name "
+                       "(es-conciseness, es-countdown, lbes-countdown)")
+    train.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
+                       help="override an option of the file (repeatable)")
+    train.add_argument("--resume", metavar="CHECKPOINT", help="continue from checkpoint-STEP/")
+    train.add_argument("--no-db", metavar="METRICS.jsonl",
+                       help="write JSON lines to this file instead of the database")
+    train.set_defaults(func=cmd_train)
+
+    data = commands.add_parser("data", help="generate or convert datasets")
+    data_cmds = data.add_subparsers(dest="data_command", required=True, metavar="DATASET")
+    countdown = data_cmds.add_parser("countdown", help="seeded, always-solvable countdown splits")
+    countdown.add_argument("--n-given-numbers", type=int, choices=(3, 4), required=True)
+    countdown.add_argument("--out", required=True, help="folder for train/test.parquet")
+    countdown.add_argument("--n-train", type=int, default=8192)
+    countdown.add_argument("--n-test", type=int, default=1024)
+    countdown.add_argument("--seed", type=int, default=42)
+    countdown.set_defaults(func=cmd_data_countdown)
+    gsm8k = data_cmds.add_parser("gsm8k", help="convert a local GSM8K .jsonl file")
+    gsm8k.add_argument("--input", required=True, help="GSM8K jsonl: question, answer ... #### N")
+    gsm8k.add_argument("--out", required=True, help="output parquet file")
+    gsm8k.set_defaults(func=cmd_data_gsm8k)
+    concise = data_cmds.add_parser("conciseness", help="write the shipped conciseness dataset")
+    concise.add_argument("--out", required=True, help="folder for train/test.parquet")
+    concise.set_defaults(func=cmd_data_conciseness)
 
     model = commands.add_parser("model", help="fetch or check model folders")
     model_cmds = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")

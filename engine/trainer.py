@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,6 +41,10 @@ STATE_FILE = "trainer_state.json"
 MASTER_DIR = "master"
 
 
+class TrainingStopped(Exception):
+    """Raised after a stop asked for through `should_stop`, once the checkpoint is saved."""
+
+
 @dataclass(frozen=True)
 class TrainerState:
     """Everything besides the weights that a resumed run needs to continue exactly: all
@@ -55,8 +60,11 @@ class TrainerState:
 
 
 def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
-          resume_from: str | Path | None = None) -> Path:
-    """Run `config` to the end; returns the folder of the final model."""
+          resume_from: str | Path | None = None,
+          should_stop: Callable[[], bool] | None = None) -> Path:
+    """Run `config` to the end; returns the folder of the final model. `should_stop` is
+    asked after every step: when it says yes, the step's checkpoint is saved (if the save
+    strategy did not just save it) and TrainingStopped is raised (the worker's cancel)."""
     # -- setup
     train_set = load_dataset(resolve_path(config.data.train_file))
     eval_set = load_dataset(resolve_path(config.data.eval_file)) if config.data.eval_file else []
@@ -76,6 +84,7 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
             sink.log_step(evaluate(config, pool, eval_set, step=0))
 
         # -- the loop
+        saved = -1
         steps_without_progress = 0
         while state.global_step < total_steps:
             step_start = time.perf_counter()
@@ -117,7 +126,13 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
                     total_steps):
                 path = save_checkpoint(config, pool, state, output_dir)
                 sink.log_checkpoint(step, str(path))
+                saved = step
             sink.heartbeat(step)
+            if should_stop is not None and step < total_steps and should_stop():
+                if saved != step:
+                    sink.log_checkpoint(step, str(save_checkpoint(config, pool, state,
+                                                                  output_dir)))
+                raise TrainingStopped(f"stopped after step {step}, checkpoint saved")
 
         # -- the final model
         pool.save_hf(str(output_dir))

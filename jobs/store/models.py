@@ -70,6 +70,8 @@ class Run(Base):
     notes: Mapped[str] = mapped_column(Text, nullable=False, default="")
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"))
     ray_submission_id: Mapped[str | None] = mapped_column(String(64))
+    # 1 for the first attempt; `eslab resume` adds one (migration 0002).
+    attempt: Mapped[int] = mapped_column(Integer, nullable=False, default=1, server_default="1")
 
 
 class Metric(Base):
@@ -156,3 +158,15 @@ class Event(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     level: Mapped[str] = mapped_column(String(8), nullable=False)
     message: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+class SchedulerLock(Base):
+    """One row per lock: who holds it and until when. The holder renews the lease on every
+    tick; anyone may take a lock whose lease has expired (its holder died)."""
+
+    __tablename__ = "scheduler_lock"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(200), nullable=False)
+    acquired_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)

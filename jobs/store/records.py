@@ -28,6 +28,7 @@ class RunRecord:
     notes: str
     parent_id: int | None
     ray_submission_id: str | None
+    attempt: int = 1
 
 
 @dataclass(frozen=True)
@@ -49,3 +50,25 @@ class CheckpointRecord:
     step: int
     path: str
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class LockRecord:
+    """Who holds a lock (the scheduler's) and until when."""
+
+    name: str
+    owner: str
+    acquired_at: datetime
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class RunExport:
+    """Everything a run recorded, at full resolution, as plain rows (`eslab export`)."""
+
+    run: RunRecord
+    metrics: list[dict[str, Any]]
+    population: list[dict[str, Any]]
+    samples: list[dict[str, Any]]
+    checkpoints: list[CheckpointRecord]
+    events: list[EventRecord]

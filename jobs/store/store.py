@@ -7,11 +7,11 @@ from __future__ import annotations
 import uuid as uuid_lib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict
-from datetime import UTC, datetime
+from dataclasses import asdict, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, delete, func, select
+from sqlalchemy import Engine, case, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
@@ -22,7 +22,14 @@ from jobs.store import models
 from jobs.store.database import describe, make_engine
 from jobs.store.errors import InvalidTransitionError, RunNotFoundError, StoreError
 from jobs.store.migrate import require_current_schema
-from jobs.store.records import CheckpointRecord, EventRecord, MetricPoint, RunRecord
+from jobs.store.records import (
+    CheckpointRecord,
+    EventRecord,
+    LockRecord,
+    MetricPoint,
+    RunExport,
+    RunRecord,
+)
 from jobs.store.status import RunStatus, can_transition
 
 
@@ -181,36 +188,7 @@ class Store:
     def truncate_after(self, run: int | str, step: int) -> None:
         """Forget everything a dead attempt wrote after `step` (resume from a checkpoint)."""
         with self._session() as s:
-            row = _find_run(s, run)
-            for table in (models.Metric, models.PopulationMember, models.Sample):
-                s.execute(delete(table).where(table.run_id == row.id, table.step > step))
-            s.execute(delete(models.LatestMetric).where(models.LatestMetric.run_id == row.id))
-            latest = (
-                select(models.Metric.key, func.max(models.Metric.step).label("step"))
-                .where(models.Metric.run_id == row.id)
-                .group_by(models.Metric.key)
-                .subquery()
-            )
-            rows = s.execute(
-                select(models.Metric)
-                .join(
-                    latest,
-                    (models.Metric.key == latest.c.key) & (models.Metric.step == latest.c.step),
-                )
-                .where(models.Metric.run_id == row.id)
-            ).scalars()
-            s.add_all(
-                models.LatestMetric(
-                    run_id=m.run_id, key=m.key, step=m.step, value=m.value, wall_time=m.wall_time
-                )
-                for m in rows
-            )
-            s.execute(
-                delete(models.Checkpoint).where(
-                    models.Checkpoint.run_id == row.id, models.Checkpoint.step > step
-                )
-            )
-            row.step = step
+            _truncate_after(s, _find_run(s, run), step)
 
     def metric_keys(self, run: int | str) -> list[str]:
         with self._session() as s:
@@ -335,6 +313,243 @@ class Store:
                 EventRecord(created_at=e.created_at, level=e.level, message=e.message) for e in rows
             ]
 
+    # ==================================================================================
+    # Queue, cancel, resume, export and the scheduler lock (the jobs issue): what the
+    # scheduler, the worker and the CLI need. Every status change in this section is a
+    # conditional UPDATE (`... WHERE status IN (...)`, see _compare_and_set) so that two
+    # writers racing, such as a cancel and a worker starting, or a worker finishing and the
+    # scheduler declaring it dead, cannot both win, on SQLite as on PostgreSQL.
+    # ==================================================================================
+
+    def queued_runs(self, *, limit: int = 100) -> list[RunRecord]:
+        """Queued runs not yet handed to Ray, oldest first: the queue is first in, first out."""
+        with self._session() as s:
+            rows = s.scalars(
+                select(models.Run)
+                .where(
+                    models.Run.status == RunStatus.QUEUED.value,
+                    models.Run.ray_submission_id.is_(None),
+                )
+                .order_by(models.Run.created_at, models.Run.id)
+                .limit(limit)
+            )
+            return [_run_record(r) for r in rows]
+
+    def active_runs(self) -> list[RunRecord]:
+        """Runs that hold a Ray job or are about to: submitted but not yet started by their
+        worker (queued with a submission id), running, and cancelling."""
+        run = models.Run
+        with self._session() as s:
+            rows = s.scalars(
+                select(run)
+                .where(
+                    run.status.in_([RunStatus.RUNNING.value, RunStatus.CANCELLING.value])
+                    | ((run.status == RunStatus.QUEUED.value) & run.ray_submission_id.is_not(None))
+                )
+                .order_by(run.created_at, run.id)
+            )
+            return [_run_record(r) for r in rows]
+
+    def mark_submitted(self, run: int | str, submission_id: str) -> bool:
+        """Note the Ray submission id *before* submitting, so that a crash between the two
+        leaves a trace the next tick can check with Ray. False when the run is no longer
+        queued (cancelled meanwhile) or was already submitted."""
+        with self._session() as s:
+            row = _find_run(s, run)
+            return _compare_and_set(
+                s,
+                row.id,
+                [RunStatus.QUEUED],
+                {"ray_submission_id": submission_id},
+                extra=models.Run.ray_submission_id.is_(None),
+            )
+
+    def clear_submission(self, run: int | str) -> None:
+        """Undo mark_submitted when Ray could not take the job, so the next tick retries."""
+        with self._session() as s:
+            row = _find_run(s, run)
+            _compare_and_set(s, row.id, [RunStatus.QUEUED], {"ray_submission_id": None})
+
+    def start_run(self, run: int | str) -> bool:
+        """queued -> running, as the worker starts; False when the run was cancelled first."""
+        with self._session() as s:
+            row = _find_run(s, run)
+            now = utcnow()
+            return _compare_and_set(
+                s,
+                row.id,
+                [RunStatus.QUEUED],
+                {
+                    "status": RunStatus.RUNNING.value,
+                    "heartbeat_at": now,
+                    "started_at": func.coalesce(models.Run.started_at, now),
+                },
+            )
+
+    def finish_run(self, run: int | str, status: RunStatus, *, error: str | None = None) -> bool:
+        """End a run that has not ended yet. False when it had already ended (a late write
+        of a dying worker, or the scheduler and the worker both noticing the end): the
+        first outcome recorded is the one that stays."""
+        if not status.is_terminal():
+            raise ValueError(f"finish_run needs a terminal status, got {status.value}")
+        sources = [x for x in RunStatus if not x.is_terminal() and can_transition(x, status)]
+        values: dict[str, Any] = {"status": status.value, "finished_at": utcnow()}
+        if error is not None:
+            values["error"] = error
+        with self._session() as s:
+            row = _find_run(s, run)
+            return _compare_and_set(s, row.id, sources, values)
+
+    def beat(self, run: int | str) -> RunStatus:
+        """The worker's background heartbeat: proves the process lives even while one step
+        takes minutes, and tells it the run's status (a cancel request shows here)."""
+        with self._session() as s:
+            row = _find_run(s, run)
+            row.heartbeat_at = utcnow()
+            return RunStatus(row.status)
+
+    def request_cancel(self, run: int | str) -> RunRecord:
+        """A queued run is cancelled at once (its worker, if Ray started one, sees that and
+        exits); a running one becomes cancelling until its worker stops."""
+        for _ in range(5):  # each retry follows a concurrent status change
+            with self._session() as s:
+                row = _find_run(s, run)
+                status = RunStatus(row.status)
+                if status is RunStatus.CANCELLING:
+                    return _run_record(row)
+                if status.is_terminal():
+                    raise InvalidTransitionError(
+                        f"run {row.id} already {status.value}; there is nothing to cancel"
+                    )
+                target = RunStatus.CANCELLED if status is RunStatus.QUEUED else RunStatus.CANCELLING
+                values: dict[str, Any] = {"status": target.value}
+                if target is RunStatus.CANCELLED:
+                    values["finished_at"] = utcnow()
+                if _compare_and_set(s, row.id, [status], values):
+                    s.add(
+                        _event(
+                            row.id, "info", f"cancel requested ({status.value} -> {target.value})"
+                        )
+                    )
+                    s.flush()
+                    s.refresh(row)
+                    return _run_record(row)
+        raise StoreError(f"run {run} kept changing status while being cancelled; try again")
+
+    def resume_run(self, run: int | str, step: int) -> RunRecord:
+        """Queue a failed or cancelled run again as its next attempt, continuing from the
+        checkpoint of `step` (0: from the start). What the dead attempt wrote after `step`
+        is deleted in the same transaction, so the new attempt replaces it rather than
+        duplicating it."""
+        with self._session() as s:
+            row = _find_run(s, run)
+            status = RunStatus(row.status)
+            if status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+                hint = (
+                    "; `eslab clone` starts a new run from its configuration"
+                    if status is RunStatus.SUCCEEDED
+                    else ""
+                )
+                raise InvalidTransitionError(
+                    f"run {row.id} is {status.value}; only a failed or cancelled run can be "
+                    f"resumed{hint}"
+                )
+            attempt = (row.attempt or 1) + 1
+            if not _compare_and_set(
+                s,
+                row.id,
+                [status],
+                {
+                    "status": RunStatus.QUEUED.value,
+                    "attempt": attempt,
+                    "error": None,
+                    "ray_submission_id": None,
+                    "finished_at": None,
+                    "heartbeat_at": None,
+                },
+            ):
+                raise StoreError(f"run {row.id} changed status while being resumed; try again")
+            s.refresh(row)
+            _truncate_after(s, row, step)
+            where = f"its checkpoint of step {step}" if step else "the start"
+            s.add(_event(row.id, "info", f"attempt {attempt} queued: resumes from {where}"))
+            s.flush()
+            return _run_record(row)
+
+    def export_run(self, run: int | str) -> RunExport:
+        """Every metric, population row and sample of a run, unsampled (`eslab export`)."""
+        with self._session() as s:
+            row = _find_run(s, run)
+
+            def rows(table: type[models.Base], *order: Any) -> list[dict[str, Any]]:
+                columns = [c for c in table.__table__.columns if c.name not in ("run_id", "id")]
+                result = s.execute(select(*columns).where(table.run_id == row.id).order_by(*order))
+                return [dict(r._mapping) for r in result]
+
+            metric, member, sample = models.Metric, models.PopulationMember, models.Sample
+            exported = RunExport(
+                run=_run_record(row),
+                metrics=rows(metric, metric.key, metric.step),
+                population=rows(member, member.step, member.member),
+                samples=rows(
+                    sample,
+                    sample.step,
+                    sample.split,
+                    sample.prompt_index,
+                    sample.sample_index,
+                    sample.id,
+                ),
+                checkpoints=[],
+                events=[],
+            )
+        return replace(exported, checkpoints=self.checkpoints(row.id), events=self.events(row.id))
+
+    def acquire_lock(self, name: str, owner: str, lease_seconds: float) -> bool:
+        """Take the lock `name` or renew it; True while `owner` holds it. A lock whose lease
+        has expired is free: its holder died or stopped renewing."""
+        now = utcnow()
+        expires = now + timedelta(seconds=lease_seconds)
+        lock = models.SchedulerLock
+        with self._session() as s:
+            renewed = s.execute(
+                update(lock)
+                .where(lock.name == name, (lock.owner == owner) | (lock.expires_at < now))
+                .values(
+                    owner=owner,
+                    expires_at=expires,
+                    acquired_at=case((lock.owner == owner, lock.acquired_at), else_=now),
+                )
+                .execution_options(synchronize_session=False)
+            )
+            if renewed.rowcount:
+                return True
+            inserted = s.execute(
+                _insert(s, lock)
+                .values(name=name, owner=owner, acquired_at=now, expires_at=expires)
+                .on_conflict_do_nothing(index_elements=["name"])
+                .returning(lock.name)  # rowcount of an ignored insert is -1 on psycopg
+            )
+            return inserted.first() is not None
+
+    def lock_holder(self, name: str) -> LockRecord | None:
+        with self._session() as s:
+            row = s.get(models.SchedulerLock, name)
+            if row is None:
+                return None
+            return LockRecord(
+                name=row.name,
+                owner=row.owner,
+                acquired_at=_aware(row.acquired_at),
+                expires_at=_aware(row.expires_at),
+            )
+
+    def release_lock(self, name: str, owner: str) -> None:
+        """Give the lock up at once (a clean shutdown), so a successor need not wait for the
+        lease to expire."""
+        lock = models.SchedulerLock
+        with self._session() as s:
+            s.execute(delete(lock).where(lock.name == name, lock.owner == owner))
+
 
 def _find_run(session: Session, run: int | str) -> models.Run:
     """A run by its integer id, its uuid, or a unique uuid prefix (what the CLI prints)."""
@@ -350,6 +565,76 @@ def _find_run(session: Session, run: int | str) -> models.Run:
     if row is None:
         raise RunNotFoundError(f"no run {run!r} in this database; `eslab runs` lists them")
     return row
+
+
+def _truncate_after(s: Session, row: models.Run, step: int) -> None:
+    """The body of Store.truncate_after, on the caller's session so that a resume truncates
+    and requeues in one transaction."""
+    for table in (models.Metric, models.PopulationMember, models.Sample):
+        s.execute(delete(table).where(table.run_id == row.id, table.step > step))
+    s.execute(delete(models.LatestMetric).where(models.LatestMetric.run_id == row.id))
+    latest = (
+        select(models.Metric.key, func.max(models.Metric.step).label("step"))
+        .where(models.Metric.run_id == row.id)
+        .group_by(models.Metric.key)
+        .subquery()
+    )
+    rows = s.execute(
+        select(models.Metric)
+        .join(
+            latest,
+            (models.Metric.key == latest.c.key) & (models.Metric.step == latest.c.step),
+        )
+        .where(models.Metric.run_id == row.id)
+    ).scalars()
+    s.add_all(
+        models.LatestMetric(
+            run_id=m.run_id, key=m.key, step=m.step, value=m.value, wall_time=m.wall_time
+        )
+        for m in rows
+    )
+    s.execute(
+        delete(models.Checkpoint).where(
+            models.Checkpoint.run_id == row.id, models.Checkpoint.step > step
+        )
+    )
+    row.step = step
+
+
+def _compare_and_set(
+    session: Session,
+    run_id: int,
+    sources: Sequence[RunStatus],
+    values: dict[str, Any],
+    *,
+    extra: Any = None,
+) -> bool:
+    """UPDATE runs SET values WHERE id = run_id AND status IN sources: the status test and
+    the write are one statement, so a concurrent writer cannot slip in between."""
+    where = [models.Run.id == run_id, models.Run.status.in_([x.value for x in sources])]
+    if extra is not None:
+        where.append(extra)
+    result = session.execute(
+        update(models.Run)
+        .where(*where)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount == 1
+
+
+def _event(run_id: int, level: str, message: str) -> models.Event:
+    return models.Event(run_id=run_id, created_at=utcnow(), level=level, message=message)
+
+
+def _insert(session: Session, table: type[models.Base]) -> Any:
+    """INSERT with the dialect's ON CONFLICT support (SQLite and PostgreSQL share it)."""
+    dialect = session.get_bind().dialect.name
+    if dialect == "sqlite":
+        return sqlite_insert(table)
+    if dialect == "postgresql":
+        return pg_insert(table)
+    raise StoreError(f"database dialect {dialect!r} is not supported (use SQLite or PostgreSQL)")
 
 
 def _run_record(row: models.Run) -> RunRecord:
@@ -371,6 +656,7 @@ def _run_record(row: models.Run) -> RunRecord:
         notes=row.notes or "",
         parent_id=row.parent_id,
         ray_submission_id=row.ray_submission_id,
+        attempt=row.attempt or 1,
     )
 
 

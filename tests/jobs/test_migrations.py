@@ -8,7 +8,16 @@ from jobs.store.errors import SchemaOutdatedError, StoreError
 from jobs.store.migrate import current_revision, downgrade, head_revision, upgrade
 from jobs.store.store import Store
 
-TABLES = {"runs", "metrics", "latest_metrics", "population", "samples", "checkpoints", "events"}
+TABLES = {
+    "runs",
+    "metrics",
+    "latest_metrics",
+    "population",
+    "samples",
+    "checkpoints",
+    "events",
+    "scheduler_lock",
+}
 
 
 def test_upgrade_then_downgrade_on_a_fresh_file(db_url):
@@ -26,7 +35,8 @@ def test_upgrade_then_downgrade_on_a_fresh_file(db_url):
     engine.dispose()
 
 
-def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(store, tmp_path):
+def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(sqlite_store, tmp_path):
+    store = sqlite_store
     with store.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 5000
@@ -70,3 +80,26 @@ def test_an_unreachable_database_gives_one_clear_line(tmp_path):
         Store("this is not a url")
     with pytest.raises(StoreError, match="cannot reach the database"):
         Store("postgresql+psycopg://nobody@127.0.0.1:1/nothing")
+
+
+def test_0002_keeps_existing_runs_as_their_first_attempt(db_url):
+    upgrade(db_url, "0001")
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO runs (uuid, name, method, status, config, created_at, step, tags, notes)"
+            " VALUES ('u-1', 'old', 'es', 'failed', '{}', '2026-01-01 00:00:00', 3, '[]', '')"
+        )
+    engine.dispose()
+    upgrade(db_url)
+    store = Store(db_url)
+    assert store.get_run("u-1").attempt == 1
+    assert store.acquire_lock("scheduler", "me", lease_seconds=5)
+    store.close()
+    downgrade(db_url, "0001")  # and back: the old schema, the run intact
+    engine = make_engine(db_url)
+    assert "scheduler_lock" not in inspect(engine).get_table_names()
+    assert "attempt" not in {c["name"] for c in inspect(engine).get_columns("runs")}
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT name FROM runs").scalar() == "old"
+    engine.dispose()

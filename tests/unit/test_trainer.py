@@ -206,3 +206,18 @@ def test_a_failing_reward_function_stops_the_run_naming_it(dataset, tmp_path):
                          reward_func_path="tests.unit.test_trainer.raising_reward")
     with pytest.raises(RewardError, match="raising_reward raised ValueError: boom"):
         train(config, ListSink(), pool=ToyPool())
+
+
+def test_a_stop_request_saves_a_checkpoint_and_resume_continues(dataset, tmp_path):
+    from engine.trainer import TrainingStopped
+
+    sink = ListSink()
+    asked = iter([False, True])
+    with pytest.raises(TrainingStopped, match="after step 2"):
+        train(make_config(dataset, tmp_path, max_steps=4, eval_strategy="no"), sink,
+              pool=ToyPool(), should_stop=lambda: next(asked))
+    assert [s for s, _ in sink.checkpoints] == [2]
+    resumed = ListSink()
+    train(make_config(dataset, tmp_path, max_steps=4, eval_strategy="no"), resumed,
+          pool=ToyPool(), resume_from=tmp_path / "out" / "checkpoint-2")
+    assert [r.step for r in resumed.steps] == [3, 4]

@@ -1,0 +1,359 @@
+"""The scheduler: turns queued runs into Ray jobs and keeps run statuses true.
+
+A tick every few seconds (APScheduler BackgroundScheduler) does, in order:
+1. renew the scheduler lock; a scheduler without it does nothing, so one scheduler runs per
+   database even when two `eslab serve` share it;
+2. sync every active run with its Ray job: a job that ended while the run is not ended
+   means the worker died (run failed, with the tail of the job log); a cancelling run's job
+   is stopped; a run whose heartbeat is older than the timeout is failed and its job
+   stopped (a frozen or unreachable worker);
+3. submit queued runs, oldest first, while fewer than `max_concurrent_runs` are active and
+   the Ray cluster has the CPUs/GPUs they ask for.
+
+All state lives in the database and in Ray, none in this object: a restarted scheduler picks
+up where the last one stopped (DESIGN.md, "Flow of a run", step 3).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import socket
+import sys
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy.engine import make_url
+
+from engine.paths import PROJECT_ROOT
+from jobs.ray_jobs import JobState, RayJobs, RayUnavailableError, SubmitError
+from jobs.store.records import RunRecord
+from jobs.store.status import RunStatus
+from jobs.store.store import Store
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = "scheduler"
+TICK_JOB_ID = "eslab-scheduler-tick"
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """How the scheduler paces and polices runs; `from_env` reads ESLAB_* overrides."""
+
+    max_concurrent_runs: int = 1
+    """Runs at once. One by default: on a CPU machine a second vLLM engine only halves the
+    speed of the first."""
+    tick_seconds: float = 3.0
+    """Seconds between ticks: how soon a queued run starts and a dead one is noticed."""
+    heartbeat_seconds: float = 5.0
+    """How often a worker writes its heartbeat (passed to the worker)."""
+    heartbeat_timeout_seconds: float = 120.0
+    """A running run whose last heartbeat is older than this is failed. Generous, because a
+    busy database or a paused machine must not kill healthy runs."""
+    stop_wait_seconds: float = 60.0
+    """After a stop, the time Ray leaves a worker to save its checkpoint before SIGKILL."""
+    lock_lease_seconds: float = 30.0
+    """How long the lock stays ours without renewal; a successor waits at most this long
+    after a scheduler crashed."""
+    log_tail_chars: int = 4000
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] = os.environ, **overrides: Any
+    ) -> SchedulerSettings:
+        names = {
+            "max_concurrent_runs": ("ESLAB_MAX_CONCURRENT_RUNS", int),
+            "tick_seconds": ("ESLAB_SCHEDULER_TICK_S", float),
+            "heartbeat_seconds": ("ESLAB_HEARTBEAT_S", float),
+            "heartbeat_timeout_seconds": ("ESLAB_HEARTBEAT_TIMEOUT_S", float),
+            "stop_wait_seconds": ("ESLAB_STOP_WAIT_S", float),
+        }
+        values: dict[str, Any] = {}
+        for field_name, (var, kind) in names.items():
+            if environ.get(var):
+                try:
+                    values[field_name] = kind(environ[var])
+                except ValueError:
+                    raise ValueError(f"{var} must be a number, got {environ[var]!r}") from None
+        return cls(**{**values, **overrides})
+
+
+def default_owner() -> str:
+    """Who holds the lock, in words a person can trace: host, process, and a nonce."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def lock_holder_message(store: Store) -> str:
+    holder = store.lock_holder(LOCK_NAME)
+    if holder is None:
+        return "no scheduler holds the lock"
+    return (
+        f"another scheduler ({holder.owner}) runs on this database; its lease ends "
+        f"{holder.expires_at:%Y-%m-%d %H:%M:%S} UTC unless it renews it"
+    )
+
+
+def submission_id(run: RunRecord) -> str:
+    """The run's uuid for its first attempt; Ray refuses a reused id, so a resumed run's
+    later attempts are `uuid-N`."""
+    return run.uuid if run.attempt <= 1 else f"{run.uuid}-{run.attempt}"
+
+
+def worker_entrypoint(run: RunRecord) -> str:
+    """The Ray job's command: the worker module, with the interpreter of this process (the
+    project is installed in it, so the job needs no working_dir upload)."""
+    return f"{shlex.quote(sys.executable)} -m jobs.worker {run.id}"
+
+
+def run_demand(config: Mapping[str, Any], *, gpus: bool) -> dict[str, float]:
+    """What a run occupies while it runs: one vLLM engine per `num_engines`, each on
+    `tensor_parallel_size` GPUs on a GPU cluster, or one CPU each on a CPU-only one."""
+    engines = int(config.get("num_engines") or 1)
+    if gpus:
+        return {"GPU": float(engines * int(config.get("tensor_parallel_size") or 1))}
+    return {"CPU": float(engines)}
+
+
+class Scheduler:
+    """One scheduler per database. `start()` takes the lock and starts the ticks; `tick()`
+    is public so that tests and tools can run one pass deterministically."""
+
+    def __init__(
+        self,
+        store: Store,
+        ray_jobs: RayJobs,
+        settings: SchedulerSettings | None = None,
+        *,
+        entrypoint: Callable[[RunRecord], str] = worker_entrypoint,
+        job_env: Mapping[str, str] | None = None,
+        owner: str | None = None,
+    ) -> None:
+        self.store = store
+        self.ray_jobs = ray_jobs
+        self.settings = settings or SchedulerSettings.from_env()
+        self.entrypoint = entrypoint
+        self.extra_env = dict(job_env or {})
+        self.owner = owner or default_owner()
+        self._background: Any = None
+        self._warned_too_big: set[int] = set()
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> bool:
+        """Take the lock and tick in the background. False, and nothing started, when
+        another scheduler holds the lock (see `holder_message`)."""
+        if not self._renew_lock():
+            return False
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        self._background = BackgroundScheduler(
+            timezone=UTC, job_defaults={"coalesce": True, "max_instances": 1}
+        )
+        self._background.add_job(
+            self.tick,
+            "interval",
+            seconds=self.settings.tick_seconds,
+            id=TICK_JOB_ID,
+            replace_existing=True,
+            next_run_time=datetime.now(UTC),
+        )
+        self._background.start()
+        log.info("scheduler %s started (tick every %ss)", self.owner, self.settings.tick_seconds)
+        return True
+
+    def shutdown(self) -> None:
+        """Stop ticking (waiting for a tick in progress) and give the lock up at once, so
+        a successor starts without waiting for the lease to expire."""
+        if self._background is not None:
+            self._background.shutdown(wait=True)
+            self._background = None
+        self.store.release_lock(LOCK_NAME, self.owner)
+
+    @property
+    def running(self) -> bool:
+        return self._background is not None
+
+    def holder_message(self) -> str:
+        return lock_holder_message(self.store)
+
+    # -- one pass -----------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """One pass: lock, sync, submit. Never raises: a failing tick is logged and the next
+        one tries again (APScheduler would only log it less clearly)."""
+        try:
+            if not self._renew_lock():
+                log.warning("scheduler %s lost its lock: %s", self.owner, self.holder_message())
+                return
+            for run in self.store.active_runs():
+                self._sync(run)
+            self._submit_queued()
+        except RayUnavailableError as exc:
+            log.warning("scheduler tick skipped: %s", exc)
+        except Exception:
+            log.exception("scheduler tick failed")
+
+    def _renew_lock(self) -> bool:
+        return self.store.acquire_lock(LOCK_NAME, self.owner, self.settings.lock_lease_seconds)
+
+    # -- keeping statuses true ----------------------------------------------------------
+
+    def _sync(self, run: RunRecord) -> None:
+        sid = run.ray_submission_id
+        if sid is None:
+            # Not ours: `eslab train` in the foreground, which heartbeats only once a step and
+            # records its own outcome.
+            return
+        state = self.ray_jobs.state(sid)
+        if run.status is RunStatus.CANCELLING:
+            if state.is_terminal():
+                self._finish(run, RunStatus.CANCELLED, None, "its Ray job ended while cancelling")
+            else:
+                self.ray_jobs.stop(sid)  # idempotent; Ray escalates to SIGKILL by itself
+            return
+        if state is JobState.MISSING and run.status is RunStatus.QUEUED:
+            # Submitted to a Ray cluster that has since gone (restart): submit it again.
+            self.store.clear_submission(run.id)
+            return
+        if state.is_terminal():
+            # The worker records its own outcome before it exits; a job that ended while the
+            # run has not means the worker died (kill -9, out of memory, import error).
+            tail = self.ray_jobs.log_tail(sid, self.settings.log_tail_chars)
+            self._finish(
+                run,
+                RunStatus.FAILED,
+                f"the worker's Ray job {sid} {state.message} before the run ended; "
+                f"the end of its log:\n{tail}",
+                f"Ray job {state.value}",
+            )
+            return
+        self._check_heartbeat(run, sid)
+
+    def _check_heartbeat(self, run: RunRecord, sid: str) -> None:
+        if run.status is not RunStatus.RUNNING:
+            return
+        last = run.heartbeat_at or run.started_at
+        timeout = self.settings.heartbeat_timeout_seconds
+        if last is None or datetime.now(UTC) - last <= timedelta(seconds=timeout):
+            return
+        silent = (datetime.now(UTC) - last).total_seconds()
+        self.ray_jobs.stop(sid)
+        tail = self.ray_jobs.log_tail(sid, self.settings.log_tail_chars)
+        self._finish(
+            run,
+            RunStatus.FAILED,
+            f"no heartbeat from the worker for {silent:.0f} s (timeout {timeout:.0f} s, "
+            f"ESLAB_HEARTBEAT_TIMEOUT_S): the worker froze or lost the database; its job was "
+            f"stopped; the end of its log:\n{tail}",
+            "heartbeat timeout",
+        )
+
+    def _finish(self, run: RunRecord, status: RunStatus, error: str | None, why: str) -> None:
+        if self.store.finish_run(run.id, status, error=error):
+            level = "error" if status is RunStatus.FAILED else "info"
+            self.store.add_event(run.id, level, f"scheduler marked the run {status.value}: {why}")
+            log.info("run %s %s: %s", run.id, status.value, why)
+
+    # -- starting runs ------------------------------------------------------------------
+
+    def _submit_queued(self) -> None:
+        queued = self.store.queued_runs(limit=self.settings.max_concurrent_runs * 4 + 10)
+        if not queued:
+            return
+        # Foreground `eslab train` runs have no Ray job and take no Ray resources.
+        active = [r for r in self.store.active_runs() if r.ray_submission_id]
+        if len(active) >= self.settings.max_concurrent_runs:
+            return
+        total = self.ray_jobs.cluster_resources()
+        gpus = total.get("GPU", 0.0) > 0
+        used: dict[str, float] = {}
+        for run in active:
+            _add(used, run_demand(run.config, gpus=gpus))
+        for run in queued:
+            if len(active) >= self.settings.max_concurrent_runs:
+                return
+            need = run_demand(run.config, gpus=gpus)
+            if not _fits(need, {}, total):
+                self._warn_never_fits(run, need, total)
+                continue  # it can never start here; do not let it block the queue
+            if not _fits(need, used, total):
+                return  # first in, first out: later runs wait for this one
+            if self._submit(run):
+                _add(used, need)
+                active.append(run)
+
+    def _submit(self, run: RunRecord) -> bool:
+        sid = submission_id(run)
+        if not self.store.mark_submitted(run.id, sid):
+            return False  # cancelled since it was listed
+        try:
+            created = self.ray_jobs.submit(
+                sid,
+                self.entrypoint(run),
+                env_vars=self.job_env(),
+                metadata={"eslab_run_id": str(run.id), "eslab_run_name": run.name},
+            )
+        except RayUnavailableError:
+            self.store.clear_submission(run.id)  # retried next tick
+            raise
+        except SubmitError as exc:
+            self._finish(run, RunStatus.FAILED, str(exc), "Ray refused the job")
+            return False
+        how = "submitted" if created else "was already submitted"
+        self.store.add_event(run.id, "info", f"Ray job {sid} {how} (attempt {run.attempt})")
+        log.info("run %s: Ray job %s %s", run.id, sid, how)
+        return True
+
+    def _warn_never_fits(
+        self, run: RunRecord, need: dict[str, float], total: dict[str, float]
+    ) -> None:
+        if run.id in self._warned_too_big:
+            return
+        self._warned_too_big.add(run.id)
+        wants = ", ".join(f"{v:g} {k}" for k, v in need.items())
+        has = ", ".join(f"{total.get(k, 0):g} {k}" for k in need)
+        self.store.add_event(
+            run.id,
+            "warning",
+            f"waiting: the run needs {wants} but the Ray cluster has {has} in all; lower "
+            "num_engines / tensor_parallel_size, or add nodes",
+        )
+
+    def job_env(self) -> dict[str, str]:
+        """What the worker needs to find the same database and code as this process. The
+        job has no working_dir (nothing is uploaded), so paths must be absolute."""
+        env = {
+            "ESLAB_DATABASE_URL": _absolute_url(self.store.engine.url),
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p
+            ),
+            "ESLAB_HEARTBEAT_S": str(self.settings.heartbeat_seconds),
+            # Ray reads this in the job's supervisor: the time between SIGTERM and SIGKILL.
+            "RAY_JOB_STOP_WAIT_TIME_S": str(int(self.settings.stop_wait_seconds)),
+            "ESLAB_ABANDON_AFTER_S": str(self.settings.stop_wait_seconds / 2),
+        }
+        if os.environ.get("ESLAB_DATA_DIR"):
+            env["ESLAB_DATA_DIR"] = os.path.abspath(os.environ["ESLAB_DATA_DIR"])
+        return {**env, **self.extra_env}
+
+
+def _absolute_url(url: Any) -> str:
+    """The URL with its password (the worker must connect) and, for SQLite, an absolute
+    path: a Ray job starts in another folder."""
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        url = url.set(database=os.path.abspath(url.database))
+    return make_url(url).render_as_string(hide_password=False)
+
+
+def _add(total: dict[str, float], extra: Mapping[str, float]) -> None:
+    for name, amount in extra.items():
+        total[name] = total.get(name, 0.0) + amount
+
+
+def _fits(need: Mapping[str, float], used: Mapping[str, float], total: Mapping[str, float]) -> bool:
+    return all(used.get(k, 0.0) + v <= total.get(k, 0.0) + 1e-9 for k, v in need.items())

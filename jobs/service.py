@@ -1,0 +1,243 @@
+"""What `eslab serve` starts: Ray, the scheduler and the Streamlit dashboard; Ctrl-C stops
+them in the reverse order.
+
+Ray: with RAY_ADDRESS set, the existing cluster (its runs keep running when ES Lab stops);
+otherwise a local head with its dashboard (`ray start --head --block`), in a session of its
+own so that a Ctrl-C in the terminal reaches ES Lab only: ES Lab then stops the runs' jobs
+(each saves a checkpoint and ends cancelled, ready for `eslab resume`) before the head goes.
+The service process itself is not a Ray driver; it talks to Ray over HTTP only.
+
+Only one scheduler runs per database (jobs.scheduler's lock): a second `eslab serve` on the
+same database says so and serves the dashboard alone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from jobs.ray_jobs import RayJobs, RayUnavailableError
+from jobs.scheduler import (
+    LOCK_NAME,
+    Scheduler,
+    SchedulerSettings,
+    default_owner,
+    lock_holder_message,
+)
+from jobs.store.status import RunStatus
+from jobs.store.store import Store
+
+RAY_START_TIMEOUT_S = 120.0
+DASHBOARD_APP = Path(__file__).resolve().parents[1] / "app" / "main.py"
+
+
+class ServiceError(Exception):
+    """Something `eslab serve` needs could not start; the message says what to do."""
+
+
+def serve(host: str, port: int, settings: SchedulerSettings | None = None) -> int:
+    """Run until Ctrl-C (or until the dashboard exits); returns the exit code."""
+    store = Store()  # refuses an unreachable or outdated database in one line
+    settings = settings or SchedulerSettings.from_env()
+    try:
+        # The lock first, so that a second `eslab serve` starts no Ray of its own; held
+        # long enough for Ray to start, then renewed by every tick.
+        owner = default_owner()
+        lease = settings.lock_lease_seconds + RAY_START_TIMEOUT_S
+        if not store.acquire_lock(LOCK_NAME, owner, lease):
+            print(
+                f"eslab serve: {lock_holder_message(store)}; this one serves the "
+                "dashboard without a scheduler",
+                flush=True,
+            )
+            return run_dashboard(host, port)
+        try:
+            with ray_cluster() as (address, owned):
+                jobs = RayJobs(address)
+                scheduler = Scheduler(store, jobs, settings, owner=owner)
+                scheduler.start()  # renews the lock taken above
+                print(
+                    f"scheduler: up to {settings.max_concurrent_runs} run(s) at once on "
+                    f"Ray at {address}",
+                    flush=True,
+                )
+                try:
+                    return run_dashboard(host, port)
+                finally:
+                    scheduler.shutdown()
+                    if owned:
+                        stop_runs_for_shutdown(store, jobs, settings.stop_wait_seconds + 10)
+                    else:
+                        print(
+                            "runs on the Ray cluster keep running; the next `eslab serve` "
+                            "follows them again",
+                            flush=True,
+                        )
+        finally:
+            store.release_lock(LOCK_NAME, owner)
+    finally:
+        store.close()
+
+
+# -- Ray --------------------------------------------------------------------------------
+
+
+@contextmanager
+def ray_cluster(
+    num_cpus: int | None = None, object_store_bytes: int | None = None
+) -> Iterator[tuple[str, bool]]:
+    """(address, owned): RAY_ADDRESS when set, else a local head that this context starts
+    and stops (with `num_cpus`, default ESLAB_RAY_NUM_CPUS or all, and an object store of
+    `object_store_bytes`, default Ray's).
+
+    The head is `ray start --head --block` in a session of its own, with free ports and a
+    private temp dir: a second Ray on the machine (a test session, another user's) keeps
+    working, and plain `ray.init()` elsewhere does not attach to ours (it looks for
+    /tmp/ray/ray_current_cluster, which a private temp dir leaves alone)."""
+    if os.environ.get("RAY_ADDRESS"):
+        yield os.environ["RAY_ADDRESS"], False
+        return
+    temp_dir = tempfile.mkdtemp(prefix="eslab-ray-")
+    dashboard_port = _free_port(preferred=8265)
+    command = [
+        sys.executable,
+        "-m",
+        "ray.scripts.scripts",
+        "start",
+        "--head",
+        "--block",
+        f"--temp-dir={temp_dir}",
+        "--port=0",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard_port}",
+        f"--dashboard-agent-listen-port={_free_port()}",
+        f"--ray-client-server-port={_free_port()}",
+        "--disable-usage-stats",
+    ]
+    num_cpus = num_cpus or int(os.environ.get("ESLAB_RAY_NUM_CPUS") or 0) or None
+    if num_cpus:
+        command.append(f"--num-cpus={num_cpus}")
+    if object_store_bytes:
+        command.append(f"--object-store-memory={object_store_bytes}")
+    log = open(os.path.join(temp_dir, "ray-start.log"), "w")  # noqa: SIM115 - closed below
+    head = subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )  # out of reach of the terminal's Ctrl-C
+    address = f"http://127.0.0.1:{dashboard_port}"
+    try:
+        _wait_until_up(head, address, log.name)
+        print(f"Ray dashboard on {address}", flush=True)
+        yield address, True
+    finally:
+        _terminate(head, timeout=60)  # `ray start --block` stops its processes on SIGTERM
+        log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _wait_until_up(head: subprocess.Popen, address: str, log_path: str) -> None:
+    deadline = time.monotonic() + RAY_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if head.poll() is not None:
+            tail = Path(log_path).read_text()[-2000:]
+            raise ServiceError(
+                f"the local Ray head failed to start (exit code {head.returncode}): {tail}"
+            )
+        try:
+            RayJobs(address).client  # noqa: B018 - connecting is the test
+            return
+        except RayUnavailableError:
+            time.sleep(0.5)
+    raise ServiceError(
+        f"the local Ray head did not answer within {RAY_START_TIMEOUT_S:.0f} "
+        f"s; see {log_path}, or set RAY_ADDRESS to an existing Ray cluster"
+    )
+
+
+def _free_port(preferred: int = 0) -> int:
+    """`preferred` unless taken (e.g. by another Ray), else any free port."""
+    for candidate in dict.fromkeys((preferred, 0)):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise ServiceError("no free TCP port on 127.0.0.1 for Ray")
+
+
+def stop_runs_for_shutdown(store: Store, jobs: RayJobs, wait_seconds: float) -> None:
+    """Before the local head goes: stop every run's job so it can save a checkpoint and
+    end cancelled; put runs whose worker had not started back in the queue."""
+    active = [r for r in store.active_runs() if r.ray_submission_id]
+    if not active:
+        return
+    print(f"stopping {len(active)} run(s); `eslab resume RUN` continues them later", flush=True)
+    for run in active:
+        if run.status is RunStatus.RUNNING:
+            store.request_cancel(run.id)
+        try:
+            jobs.stop(run.ray_submission_id)
+        except RayUnavailableError:
+            break
+    deadline = time.monotonic() + wait_seconds
+    pending = {r.id: r for r in active}
+    while pending and time.monotonic() < deadline:
+        for run_id in list(pending):
+            if store.get_run(run_id).status.is_terminal():
+                pending.pop(run_id)
+        time.sleep(0.5)
+    for run in pending.values():
+        current = store.get_run(run.id)
+        if current.status is RunStatus.QUEUED:
+            store.clear_submission(run.id)
+        else:
+            store.finish_run(run.id, RunStatus.CANCELLED)
+            store.add_event(run.id, "warning", "eslab serve stopped before the worker did")
+
+
+# -- the dashboard ----------------------------------------------------------------------
+
+
+def run_dashboard(host: str, port: int) -> int:
+    """Streamlit in the foreground until it exits or Ctrl-C."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(DASHBOARD_APP),
+        "--server.address",
+        host,
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+    ]
+    print(f"ES Lab dashboard on http://{host}:{port} (Ctrl-C stops it)", flush=True)
+    dashboard = subprocess.Popen(cmd)
+    try:
+        return dashboard.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        _terminate(dashboard, timeout=10)
+
+
+def _terminate(process: subprocess.Popen, timeout: float) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,0 +1,365 @@
+"""The Ray job's entrypoint: `python -m jobs.worker RUN_ID` runs one attempt of a run.
+
+It loads the run and its configuration from the database, marks it running, and trains
+through the database sink (each step's metrics, population rows and samples in one
+transaction). It resumes from the newest checkpoint the database lists for the run, which
+after `eslab resume` is the one the user resumed from (later ones were deleted with the
+metrics after them).
+
+Liveness: a background thread writes the heartbeat every ESLAB_HEARTBEAT_S seconds, so a
+step that takes minutes does not look like a dead worker; the same thread notices a cancel
+requested in the database.
+
+Stopping (SIGTERM from Ray's stop_job, SIGINT, or a cancel seen by the heartbeat): the
+current step finishes; at the step boundary the trainer saves a checkpoint when it offers a
+`should_stop` hook (otherwise the sink stops it there and the last regular checkpoint
+stands); the run ends cancelled. A step still running ESLAB_ABANDON_AFTER_S seconds after
+the request, or a second signal, abandons the step: the run is recorded cancelled and the
+process exits at once. Any other error ends the run failed with its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import logging
+import os
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from engine.sink import Sink, StepReport
+from jobs.sink import DatabaseSink
+from jobs.store.errors import StoreError
+from jobs.store.records import CheckpointRecord
+from jobs.store.status import RunStatus
+from jobs.store.store import Store
+
+log = logging.getLogger("jobs.worker")
+
+DEFAULT_TRAIN = "engine.trainer:train"
+TrainFunction = Callable[..., Path]
+
+
+class StopRequested(Exception):
+    """Raised by the sink at a step boundary once a stop was requested, for trainers that
+    have no `should_stop` hook."""
+
+
+class StopSignal:
+    """Whether, and why, this worker was asked to stop; and whether a step boundary was
+    reached since (until then, the step in progress may still be abandoned)."""
+
+    def __init__(self) -> None:
+        self._requested = threading.Event()
+        self._boundary = threading.Event()
+        self.reason = ""
+
+    def request(self, reason: str) -> bool:
+        """True the first time only."""
+        if self._requested.is_set():
+            return False
+        self.reason = reason
+        self._requested.set()
+        return True
+
+    def is_set(self) -> bool:
+        return self._requested.is_set()
+
+    def reached_boundary(self) -> None:
+        if self._requested.is_set():
+            self._boundary.set()
+
+    def wait_for_boundary(self, timeout: float) -> bool:
+        return self._boundary.wait(timeout)
+
+
+class StoppingSink:
+    """The database sink, plus: the step boundary (the trainer's per-step heartbeat) is
+    where a requested stop takes effect."""
+
+    def __init__(self, inner: Sink, stop: StopSignal, *, raise_at_boundary: bool) -> None:
+        self.inner = inner
+        self.stop = stop
+        self.raise_at_boundary = raise_at_boundary
+        self.last_step = 0
+
+    def log_step(self, report: StepReport) -> None:
+        self.inner.log_step(report)
+
+    def log_checkpoint(self, step: int, path: str) -> None:
+        self.inner.log_checkpoint(step, path)
+
+    def log_event(self, level: str, message: str) -> None:
+        self.inner.log_event(level, message)
+
+    def heartbeat(self, step: int) -> None:
+        self.inner.heartbeat(step)
+        self.last_step = step
+        self.stop.reached_boundary()
+        if self.raise_at_boundary and self.stop.is_set():
+            raise StopRequested(f"stopped after step {step}: {self.stop.reason}")
+
+
+class Heartbeat(threading.Thread):
+    """Writes the heartbeat every `interval` seconds and turns a cancel requested in the
+    database into a stop request. A failed write is logged and retried: the scheduler's
+    timeout, not this thread, decides when a silent worker is dead."""
+
+    def __init__(
+        self, store: Store, run_id: int, interval: float, on_cancel: Callable[[str], None]
+    ) -> None:
+        super().__init__(name="eslab-heartbeat", daemon=True)
+        self.store, self.run_id, self.interval, self.on_cancel = store, run_id, interval, on_cancel
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(self.interval):
+            try:
+                status = self.store.beat(self.run_id)
+            except StoreError as exc:
+                log.warning("heartbeat failed: %s", exc)
+                continue
+            if status is RunStatus.CANCELLING:
+                self.on_cancel("cancel requested")
+
+    def close(self) -> None:
+        self._done.set()
+        self.join(timeout=self.interval + 5)
+
+
+class Worker:
+    """One attempt of one run."""
+
+    def __init__(
+        self,
+        store: Store,
+        run_id: int | str,
+        *,
+        train: TrainFunction | str = DEFAULT_TRAIN,
+        heartbeat_seconds: float = 5.0,
+        abandon_after_seconds: float = 30.0,
+    ) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.train = train
+        self.heartbeat_seconds = heartbeat_seconds
+        self.abandon_after_seconds = abandon_after_seconds
+        self.stop = StopSignal()
+        self._signals = 0
+        self._finished = threading.Lock()  # one outcome, from the main thread or the watchdog
+
+    def run(self) -> int:
+        """0 when the run succeeded or was cancelled (or was not ours to run), 1 when it
+        failed: Ray's job status then agrees with the run's."""
+        from engine.config import RunConfig
+
+        run = self.store.get_run(self.run_id)
+        if run.status is not RunStatus.QUEUED:
+            log.info("run %s is %s, not queued; nothing to do", run.id, run.status.value)
+            return 0
+        try:
+            config = RunConfig.from_flat(run.config)
+            train = load_train(self.train) if isinstance(self.train, str) else self.train
+        except Exception as exc:
+            print(_traceback(exc), file=sys.stderr, flush=True)
+            self._end(run.id, RunStatus.FAILED, _traceback(exc), f"cannot start: {exc}")
+            return 1
+        checkpoint = latest_checkpoint(self.store, run.id)
+        if not self.store.start_run(run.id):
+            log.info("run %s was cancelled before it started", run.id)
+            return 0
+        self.run_id = run.id
+        hooked = accepts_should_stop(train)
+        sink = StoppingSink(
+            DatabaseSink(self.store, run.id), self.stop, raise_at_boundary=not hooked
+        )
+        kwargs: dict[str, Any] = {"resume_from": checkpoint.path if checkpoint else None}
+        if hooked:
+            kwargs["should_stop"] = self.stop.is_set
+        if checkpoint:
+            log.info("run %s resumes from %s (step %s)", run.id, checkpoint.path, checkpoint.step)
+
+        heartbeat = Heartbeat(self.store, run.id, self.heartbeat_seconds, self.request_stop)
+        previous = self._install_signal_handlers()
+        heartbeat.start()
+        try:
+            output = train(config, sink, **kwargs)
+        except BaseException as exc:
+            if self.stop.is_set():
+                self._end(run.id, RunStatus.CANCELLED, None, self._stopped_message(sink.last_step))
+                return 0
+            print(_traceback(exc), file=sys.stderr, flush=True)
+            self._end(run.id, RunStatus.FAILED, _traceback(exc), f"{type(exc).__name__}: {exc}")
+            return 1
+        finally:
+            heartbeat.close()
+            _restore_signal_handlers(previous)
+        # A cancel that came as the last step ended leaves the run cancelling, which may
+        # only end cancelled (the final model is saved all the same).
+        if not self._end(run.id, RunStatus.SUCCEEDED, None, f"succeeded; final model in {output}"):
+            self._end(
+                run.id,
+                RunStatus.CANCELLED,
+                None,
+                f"the cancel came as the last step ended; final model in {output}",
+            )
+        return 0
+
+    # -- outcome ------------------------------------------------------------------------
+
+    def _end(self, run_id: int, status: RunStatus, error: str | None, message: str) -> bool:
+        """Record the outcome unless the run has one (or cannot take this one); True when
+        recorded."""
+        with self._finished:
+            if self.store.finish_run(run_id, status, error=error):
+                level = "error" if status is RunStatus.FAILED else "info"
+                self.store.add_event(run_id, level, message)
+                log.info("run %s %s: %s", run_id, status.value, message.splitlines()[0])
+                return True
+            now = self.store.get_run(run_id).status.value
+            log.warning("run %s is %s; not recording %s", run_id, now, status.value)
+            return False
+
+    def _stopped_message(self, step: int) -> str:
+        return f"stopped after step {step} ({self.stop.reason}); {self._resume_hint()}"
+
+    def _resume_hint(self) -> str:
+        checkpoint = latest_checkpoint(self.store, self.run_id)
+        where = f"the checkpoint of step {checkpoint.step}" if checkpoint else "the start"
+        return f"`eslab resume` continues from {where}"
+
+    # -- signals ------------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}  # only the main thread may set handlers (tests run workers in threads)
+        previous = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, self._on_signal)
+        return previous
+
+    def request_stop(self, reason: str) -> None:
+        """Stop at the next step boundary; the watchdog abandons a step that will not end."""
+        if self.stop.request(reason):
+            log.info("%s: stopping at the end of the step", reason)
+            _thread(self._watchdog)
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        self._signals += 1
+        # The database writes happen in threads: the interrupted main thread may be inside
+        # a transaction that a write from this handler would wait for.
+        if self._signals == 1:
+            self.request_stop(f"{name} received")
+        else:
+            log.info("second signal (%s): abandoning the step in progress", name)
+            _thread(self._abandon, f"a second signal, {name}")
+
+    def _watchdog(self) -> None:
+        if not self.stop.wait_for_boundary(self.abandon_after_seconds):
+            self._abandon(
+                f"the step was still running {self.abandon_after_seconds:g} s after "
+                "the stop request"
+            )
+
+    def _abandon(self, why: str) -> None:
+        """Record the run cancelled and exit now: the step in progress is lost, the last
+        checkpoint stands. os._exit, because the main thread may be deep in the engine."""
+        if isinstance(self.run_id, int):
+            self._end(
+                self.run_id,
+                RunStatus.CANCELLED,
+                None,
+                f"step abandoned ({why}); {self._resume_hint()}",
+            )
+        logging.shutdown()
+        os._exit(0)
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def latest_checkpoint(store: Store, run_id: int | str) -> CheckpointRecord | None:
+    """The newest checkpoint the database lists whose folder still exists (the trainer
+    renames a finished checkpoint into place, so an existing folder is a complete one;
+    save_total_limit removes old folders but not their rows)."""
+    for checkpoint in reversed(store.checkpoints(run_id)):
+        if Path(checkpoint.path).is_dir():
+            return checkpoint
+    return None
+
+
+def accepts_should_stop(train: TrainFunction) -> bool:
+    try:
+        return "should_stop" in inspect.signature(train).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def load_train(spec: str) -> TrainFunction:
+    """`module:function` -> the function (tests run the worker with a stand-in trainer)."""
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise SystemExit(f"--train must look like module:function, got {spec!r}")
+    return getattr(importlib.import_module(module_name), name)
+
+
+def _thread(target: Callable[..., None], *args: Any) -> None:
+    threading.Thread(target=target, args=args, name="eslab-stop", daemon=True).start()
+
+
+def _traceback(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))
+
+
+def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def _seconds(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value else default
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m jobs.worker", description="Run one attempt of a queued run."
+    )
+    parser.add_argument("run_id", help="the run's id or uuid")
+    parser.add_argument(
+        "--train",
+        default=os.environ.get("ESLAB_WORKER_TRAIN", DEFAULT_TRAIN),
+        metavar="MODULE:FUNCTION",
+        help=f"the training function (default: ESLAB_WORKER_TRAIN or {DEFAULT_TRAIN}; tests "
+        "use a stand-in)",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    store = Store()
+    try:
+        worker = Worker(
+            store,
+            args.run_id,
+            train=args.train,
+            heartbeat_seconds=_seconds("ESLAB_HEARTBEAT_S", 5.0),
+            abandon_after_seconds=_seconds("ESLAB_ABANDON_AFTER_S", 30.0),
+        )
+        return worker.run()
+    finally:
+        store.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Shared by the jobs tests: a stand-in run configuration and polling with a deadline."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from engine.config import RunConfig
+from jobs.store.records import RunRecord
+from jobs.store.store import Store
+
+T = TypeVar("T")
+
+STANDIN = "tests.jobs.standin"
+
+
+def standin_config(output_dir: Path, **options: Any) -> RunConfig:
+    """A valid run configuration for tests/jobs/standin.py (it reads max_steps,
+    population_size, the save strategy, output_dir and the reward function)."""
+    return RunConfig.from_flat(
+        {
+            "method": "es",
+            "train_file": "data/unused.parquet",
+            "output_dir": str(output_dir),
+            "reward_func_path": f"{STANDIN}.reward",
+            "max_steps": 6,
+            "population_size": 4,
+            "save_strategy": "steps",
+            "save_steps": 2,
+            **options,
+        }
+    )
+
+
+def queue_run(store: Store, output_dir: Path, name: str = "standin", **options: Any) -> RunRecord:
+    config = standin_config(output_dir, **options)
+    return store.create_run(
+        name=name, method="es", config=config.to_flat(), total_steps=config.data.max_steps
+    )
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:
+    """Poll until `predicate()` is truthy; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def worker_pid(store: Store, run_id: int) -> int:
+    """The stand-in logs its pid as an event when it starts."""
+    for event in store.events(run_id):
+        if event.message.startswith("pid "):
+            return int(event.message.split()[1])
+    raise LookupError("the worker has not started")

@@ -1,0 +1,214 @@
+"""`eslab submit / runs / cancel / resume / clone / export` against a real SQLite file."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import yaml
+
+from app.cli import main
+from engine.data.datasets import Example, write_dataset
+from engine.sink import PopulationRecord, SampleRecord, StepReport
+from jobs.store.status import RunStatus
+
+
+@pytest.fixture
+def db(sqlite_store, sqlite_url, monkeypatch):
+    monkeypatch.setenv("ESLAB_DATABASE_URL", sqlite_url)
+    monkeypatch.delenv("ESLAB_DASHBOARD_URL", raising=False)
+    return sqlite_store
+
+
+@pytest.fixture
+def config_file(tmp_path):
+    train = write_dataset(
+        [
+            Example(
+                prompt=[{"role": "user", "content": f"say {i}"}], reward_func_args={"target": "ok"}
+            )
+            for i in range(8)
+        ],
+        tmp_path / "train.parquet",
+    )
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "method": "es",
+                "train_file": str(train),
+                "output_dir": str(tmp_path / "out"),
+                "reward_func_path": "engine.rewards.conciseness.compute_score",
+                "data_batch_size": 4,
+                "num_train_epochs": 2,
+                "population_size": 4,
+            }
+        )
+    )
+    return path
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_submit_validates_queues_and_prints_the_run_and_its_url(db, config_file, capsys):
+    code, out, _ = run_cli(
+        capsys, "submit", str(config_file), "--set", "noise_std=0.01", "--tag", "baseline"
+    )
+    assert code == 0
+    (run,) = db.list_runs()
+    assert run.status is RunStatus.QUEUED and run.total_steps == 4  # 8 prompts / 4 x 2 epochs
+    assert run.config["noise_std"] == 0.01 and run.tags == ["baseline"]
+    assert out.splitlines() == [
+        f"run {run.id} ({run.uuid}) '{run.name}' queued: 4 steps",
+        f"http://127.0.0.1:8501/run?run={run.id}",
+    ]
+
+
+def test_submit_refuses_bad_input_and_stores_nothing(db, config_file, capsys, tmp_path):
+    code, _, err = run_cli(
+        capsys, "submit", str(config_file), "--set", f"train_file={tmp_path / 'missing.parquet'}"
+    )
+    assert code == 2 and "missing.parquet" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_cli(capsys, "submit", str(config_file), "--set", "population_size=0")
+    assert code == 2 and "population_size" in err
+    assert db.list_runs() == []
+
+
+def test_submit_refuses_an_output_dir_a_live_run_writes_to(db, config_file, capsys):
+    assert run_cli(capsys, "submit", str(config_file))[0] == 0
+    code, _, err = run_cli(capsys, "submit", str(config_file))
+    assert code == 2 and "is in use by run 1 (queued)" in err
+    assert db.count_runs() == 1
+
+
+def test_runs_lists_status_and_progress(db, config_file, capsys):
+    run_cli(capsys, "submit", str(config_file))
+    run = db.list_runs()[0]
+    db.start_run(run.id)
+    db.heartbeat(run.id, step=3)
+    code, out, _ = run_cli(capsys, "runs")
+    assert code == 0
+    header, row = out.splitlines()
+    assert header.split() == ["ID", "NAME", "METHOD", "STATUS", "STEP", "CREATED"]
+    assert row.split()[:5] == [str(run.id), run.name, "es", "running", "3/4"]
+
+
+def test_cancel_a_queued_run_then_a_running_one(db, config_file, capsys, tmp_path):
+    run_cli(capsys, "submit", str(config_file))
+    run_cli(capsys, "submit", str(config_file), "--set", f"output_dir={tmp_path / 'b'}")
+    first, second = sorted(db.list_runs(), key=lambda r: r.id)
+    assert run_cli(capsys, "cancel", str(first.id))[1].startswith(f"run {first.id} cancelled")
+    db.start_run(second.id)
+    _, out, _ = run_cli(capsys, "cancel", second.uuid[:8])
+    assert "cancelling" in out and db.get_run(second.id).status is RunStatus.CANCELLING
+    code, _, err = run_cli(capsys, "cancel", str(first.id))
+    assert code == 2 and "already cancelled" in err
+
+
+def test_resume_queues_the_same_run_from_its_latest_checkpoint(db, config_file, capsys, tmp_path):
+    run_cli(capsys, "submit", str(config_file))
+    run = db.list_runs()[0]
+    db.start_run(run.id)
+    for step in (1, 2, 3):
+        db.record_step(run.id, StepReport(step=step, metrics={"train/reward/mean": step}))
+    for step in (1, 2):
+        (tmp_path / "out" / f"checkpoint-{step}").mkdir(parents=True)
+        db.add_checkpoint(run.id, step, str(tmp_path / "out" / f"checkpoint-{step}"))
+    db.finish_run(run.id, RunStatus.FAILED, error="killed")
+
+    code, out, _ = run_cli(capsys, "resume", str(run.id))
+    assert code == 0 and "attempt 2: resumes from" in out and "(step 2)" in out
+    resumed = db.get_run(run.id)
+    assert (resumed.status, resumed.attempt, resumed.step) == (RunStatus.QUEUED, 2, 2)
+    assert [p.step for p in db.metric_series(run.id, "train/reward/mean")] == [1, 2]
+    code, _, err = run_cli(capsys, "resume", str(run.id))
+    assert code == 2 and "only a failed or cancelled run" in err
+
+
+def test_clone_changes_options_and_links_the_parent(db, config_file, capsys):
+    run_cli(capsys, "submit", str(config_file))
+    parent = db.list_runs()[0]
+    code, out, _ = run_cli(capsys, "clone", str(parent.id), "--set", "learning_rate=0.5")
+    clone = db.list_runs()[0]
+    assert code == 0 and f"run {clone.id} " in out
+    assert clone.id != parent.id and clone.parent_id == parent.id
+    assert clone.config["learning_rate"] == 0.5
+    assert clone.config["noise_std"] == parent.config["noise_std"]
+    assert clone.config["output_dir"].startswith(parent.config["output_dir"] + "-clone-")
+    assert clone.name.startswith(parent.name + "-clone-") and clone.status is RunStatus.QUEUED
+    code, _, err = run_cli(capsys, "clone", str(parent.id), "--set", "learning_rate=-1")
+    assert code == 2 and "learning_rate" in err
+
+
+def exported_run(db):
+    run = db.create_run(name="exp", method="es", config={"method": "es"}, total_steps=3)
+    for step in (1, 2, 3):
+        db.record_step(
+            run.id,
+            StepReport(
+                step=step,
+                metrics={"train/reward/mean": step / 10, "train/noise_std": 0.1},
+                population=[
+                    PopulationRecord(member=m, seed=m, fitness=m, shaped_fitness=-m)
+                    for m in range(3)
+                ],
+                samples=[
+                    SampleRecord(
+                        split="train",
+                        prompt_index=0,
+                        sample_index=0,
+                        prompt="p,q",
+                        completion=f'say "{step}"',
+                        reward=1.0,
+                        reward_parts={"format": 0.5},
+                    )
+                ],
+                wall_time=50.0 + step,
+            ),
+        )
+    return run
+
+
+def test_export_json_has_every_row(db, capsys, tmp_path):
+    run = exported_run(db)
+    code, _, _ = run_cli(
+        capsys, "export", str(run.id), "--format", "json", "--out", str(tmp_path / "run.json")
+    )
+    assert code == 0
+    document = json.loads((tmp_path / "run.json").read_text())
+    assert document["run"]["name"] == "exp" and document["run"]["status"] == "queued"
+    assert len(document["metrics"]) == 6 and len(document["population"]) == 9
+    assert document["metrics"][0] == {
+        "key": "train/noise_std",
+        "step": 1,
+        "value": 0.1,
+        "wall_time": 51.0,
+    }
+    assert document["samples"][2]["completion"] == 'say "3"'
+    assert document["samples"][0]["reward_parts"] == {"format": 0.5}
+
+
+def test_export_csv_writes_one_file_per_table(db, capsys, tmp_path):
+    run = exported_run(db)
+    code, _, err = run_cli(
+        capsys, "export", run.uuid, "--format", "csv", "--out", str(tmp_path / "x")
+    )
+    assert code == 0 and "6 metrics rows, 9 population rows, 3 samples rows" in err
+    with (tmp_path / "x" / "metrics.csv").open() as f:
+        metrics = list(csv.DictReader(f))
+    assert [(m["key"], m["step"], m["value"]) for m in metrics][:2] == [
+        ("train/noise_std", "1", "0.1"),
+        ("train/noise_std", "2", "0.1"),
+    ]
+    with (tmp_path / "x" / "samples.csv").open() as f:
+        samples = list(csv.DictReader(f))
+    assert samples[0]["prompt"] == "p,q" and json.loads(samples[0]["reward_parts"]) == {
+        "format": 0.5
+    }
+    assert len(list(csv.DictReader((tmp_path / "x" / "population.csv").open()))) == 9
+    assert json.loads((tmp_path / "x" / "run.json").read_text())["id"] == run.id

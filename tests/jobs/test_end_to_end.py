@@ -1,0 +1,147 @@
+"""The real thing: the scheduler submits a run as a Ray job, the worker runs engine.trainer
+on vLLM (CPU build, the default model) and streams into SQLite; and a cancel stops it.
+Each test starts one vLLM engine (about 30 s on the CPU)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from engine.paths import data_dir
+from jobs.ray_jobs import RayJobs
+from jobs.scheduler import Scheduler, SchedulerSettings
+from jobs.store.status import RunStatus
+from tests.jobs.helpers import wait_for
+
+pytestmark = pytest.mark.heavy
+
+CONCISENESS = data_dir() / "conciseness"
+SETTINGS = SchedulerSettings(
+    max_concurrent_runs=1,
+    tick_seconds=0.5,
+    heartbeat_seconds=1.0,
+    heartbeat_timeout_seconds=120.0,
+    stop_wait_seconds=20.0,
+)
+
+
+@pytest.fixture
+def scheduler(sqlite_store, ray_address):
+    scheduler = Scheduler(sqlite_store, RayJobs(ray_address), SETTINGS)
+    assert scheduler.start()
+    yield scheduler
+    scheduler.shutdown()
+    for run in sqlite_store.active_runs():
+        RayJobs(ray_address).stop(run.ray_submission_id)
+
+
+def queue_real_run(store, tmp_path, **options):
+    from engine.config import RunConfig
+    from engine.trainer import plan_total_steps
+
+    config = RunConfig.from_flat(
+        {
+            "method": "es",
+            "train_file": str(CONCISENESS / "train.parquet"),
+            "output_dir": str(tmp_path / "out"),
+            "reward_func_path": "engine.rewards.conciseness.compute_score",
+            "population_size": 2,
+            "data_batch_size": 2,
+            "max_steps": 2,
+            "max_tokens": 8,
+            "noise_std": 0.002,
+            "learning_rate": 4e-5,
+            "save_strategy": "steps",
+            "save_steps": 1,
+            "gpu_memory_utilization": 0.2,
+            "max_model_len": 1024,
+            "max_num_seqs": 16,
+            **options,
+        }
+    )
+    return store.create_run(
+        name="e2e", method="es", config=config.to_flat(), total_steps=plan_total_steps(config)
+    )
+
+
+def ended(store, run_id):
+    run = store.get_run(run_id)
+    return run if run.status.is_terminal() else None
+
+
+def test_a_submitted_run_trains_on_vllm_to_success(scheduler, sqlite_store, tmp_path):
+    run = queue_real_run(sqlite_store, tmp_path)
+    done = wait_for(lambda: ended(sqlite_store, run.id), 400, "the run to end", interval=1)
+    assert done.status is RunStatus.SUCCEEDED, done.error
+    assert done.step == 2 and done.ray_submission_id == run.uuid
+    rewards = sqlite_store.metric_series(run.id, "train/reward/mean")
+    assert [p.step for p in rewards] == [1, 2]
+    assert all(p.value <= 0 for p in rewards)  # conciseness: minus characters off target
+    keys = set(sqlite_store.metric_keys(run.id))
+    assert {"train/noise_std", "train/learning_rate", "time/generation"} <= keys
+    assert [p["member"] for p in sqlite_store.population(run.id, 2)] == [0, 1]
+    assert sqlite_store.samples(run.id, split="train", step=1)
+    assert [c.step for c in sqlite_store.checkpoints(run.id)] == [1, 2]
+    assert (tmp_path / "out" / "config.json").is_file()  # the final model
+
+
+def test_cancelling_a_real_run_stops_its_job_within_15_s(
+    scheduler, sqlite_store, tmp_path, ray_address
+):
+    run = queue_real_run(sqlite_store, tmp_path, max_steps=40, save_steps=100)
+    wait_for(lambda: sqlite_store.get_run(run.id).step >= 1, 400, "step 1", interval=1)
+    asked = time.monotonic()
+    sqlite_store.request_cancel(run.id)
+    jobs = RayJobs(ray_address)
+    wait_for(
+        lambda: (
+            sqlite_store.get_run(run.id).status is RunStatus.CANCELLED
+            and jobs.state(run.uuid).is_terminal()
+        ),
+        15,
+        "the run to be cancelled",
+    )
+    print(f"cancelled in {time.monotonic() - asked:.1f} s")
+    stopped = sqlite_store.get_run(run.id)
+    assert 1 <= stopped.step < 40
+    steps = [p.step for p in sqlite_store.metric_series(run.id, "train/reward/mean")]
+    assert steps == list(range(1, stopped.step + 1))
+
+
+def worker_process(run_id: int):
+    """The worker of a run (the Ray job's entrypoint, under a shell), by its command line."""
+    import psutil
+
+    for process in psutil.process_iter(["cmdline"]):
+        if (process.info["cmdline"] or [])[-3:] == ["-m", "jobs.worker", str(run_id)]:
+            return process
+    return None
+
+
+def test_kill_9_then_resume_finishes_a_real_run(
+    scheduler, sqlite_store, sqlite_url, tmp_path, monkeypatch, capsys
+):
+    from app.cli import main
+
+    run = queue_real_run(sqlite_store, tmp_path, max_steps=4, save_steps=1)
+    wait_for(lambda: sqlite_store.checkpoints(run.id), 400, "the first checkpoint", interval=0.2)
+    worker = worker_process(run.id)
+    assert worker is not None
+    worker.kill()
+    failed = wait_for(lambda: ended(sqlite_store, run.id), 30, "the run to be failed")
+    assert failed.status is RunStatus.FAILED and failed.step < 4
+    steps = [p.step for p in sqlite_store.metric_series(run.id, "train/reward/mean")]
+    assert steps == list(range(1, failed.step + 1))
+
+    monkeypatch.setenv("ESLAB_DATABASE_URL", sqlite_url)
+    assert main(["resume", str(run.id)]) == 0
+    checkpoint = sqlite_store.checkpoints(run.id)[-1]
+    assert f"(step {checkpoint.step})" in capsys.readouterr().out
+    done = wait_for(lambda: ended(sqlite_store, run.id), 400, "the resumed run", interval=1)
+    assert done.status is RunStatus.SUCCEEDED, done.error
+    assert done.attempt == 2 and done.ray_submission_id == f"{run.uuid}-2"
+    steps = [p.step for p in sqlite_store.metric_series(run.id, "train/reward/mean")]
+    assert steps == [1, 2, 3, 4]
+    messages = [e.message for e in sqlite_store.events(run.id)]
+    assert f"resumed from {checkpoint.path} at step {checkpoint.step}" in messages

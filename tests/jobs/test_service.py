@@ -1,0 +1,108 @@
+"""`eslab serve` as a user runs it: Ray head, scheduler and dashboard come up; a second
+serve on the same database runs without a scheduler; Ctrl-C stops everything, the running
+run included (it ends cancelled with a checkpoint, ready for `eslab resume`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from engine.paths import PROJECT_ROOT
+from jobs.store.status import RunStatus
+from tests.jobs.conftest import free_port
+from tests.jobs.helpers import STANDIN, queue_run, wait_for
+
+pytestmark = pytest.mark.heavy
+
+ESLAB = str(Path(sys.executable).with_name("eslab"))
+
+
+class Serve:
+    """`eslab serve` in a session of its own, so the test can Ctrl-C it like a terminal
+    does: SIGINT to its whole process group."""
+
+    def __init__(self, sqlite_url: str) -> None:
+        self.port = free_port()
+        env = {
+            **os.environ,
+            "ESLAB_DATABASE_URL": sqlite_url,
+            "PYTHONPATH": str(PROJECT_ROOT),
+            "ESLAB_WORKER_TRAIN": f"{STANDIN}:train",
+            "ESLAB_STANDIN_STEP_S": "0.3",
+            "ESLAB_SCHEDULER_TICK_S": "0.5",
+            "ESLAB_HEARTBEAT_S": "0.5",
+            "ESLAB_STOP_WAIT_S": "10",
+        }
+        env.pop("RAY_ADDRESS", None)
+        self.process = subprocess.Popen(
+            [ESLAB, "serve", "--port", str(self.port)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def said(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+    def dashboard_answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def ctrl_c(self, timeout: float) -> int:
+        os.killpg(self.process.pid, signal.SIGINT)
+        return self.process.wait(timeout)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def test_serve_schedules_refuses_a_second_scheduler_and_stops_cleanly(
+    sqlite_store, sqlite_url, tmp_path
+):
+    run = queue_run(sqlite_store, tmp_path / "out", max_steps=500, save_steps=1000)
+    first = Serve(sqlite_url)
+    second = None
+    try:
+        wait_for(first.dashboard_answers, 90, "the dashboard")
+        assert first.said("scheduler: up to 1 run(s) at once on Ray at http://127.0.0.1:")
+        ray_url = next(line.split()[-1] for line in first.lines if "Ray dashboard on" in line)
+        wait_for(lambda: sqlite_store.get_run(run.id).step >= 2, 60, "the run to make steps")
+
+        second = Serve(sqlite_url)
+        wait_for(second.dashboard_answers, 60, "the second dashboard")
+        assert second.said("this one serves the dashboard without a scheduler")
+        assert not second.said("Ray dashboard on")  # it started no Ray of its own
+        assert second.ctrl_c(timeout=30) == 0
+
+        assert first.ctrl_c(timeout=60) == 0, "\n".join(first.lines)
+        assert first.said("stopping 1 run(s)")
+        stopped = sqlite_store.get_run(run.id)
+        assert stopped.status is RunStatus.CANCELLED
+        assert [c.step for c in sqlite_store.checkpoints(run.id)] == [stopped.step]
+        assert sqlite_store.lock_holder("scheduler") is None  # released for the next serve
+        with pytest.raises(OSError):
+            urllib.request.urlopen(ray_url, timeout=2)  # the local Ray head is gone
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()

@@ -1,0 +1,181 @@
+"""The store's queue, cancel, resume, export and lock queries, on SQLite and PostgreSQL."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+from engine.sink import PopulationRecord, SampleRecord, StepReport
+from jobs.store.errors import InvalidTransitionError
+from jobs.store.status import RunStatus
+
+CONFIG = {"method": "es", "population_size": 2}
+
+
+def make_run(store, name="r", **kw):
+    return store.create_run(name=name, method="es", config=CONFIG, total_steps=5, **kw)
+
+
+def report(step):
+    return StepReport(
+        step=step,
+        metrics={"train/reward/mean": float(step), "train/noise_std": 0.01},
+        population=[
+            PopulationRecord(member=m, seed=m, fitness=step + m, shaped_fitness=m) for m in range(2)
+        ],
+        samples=[
+            SampleRecord(
+                split="train",
+                prompt_index=0,
+                sample_index=0,
+                prompt="p",
+                completion=f"c{step}",
+                reward=float(step),
+            )
+        ],
+        wall_time=100.0 + step,
+    )
+
+
+def test_the_queue_is_oldest_first_and_submitted_runs_become_active(store):
+    runs = [make_run(store, name=f"r{i}") for i in range(3)]
+    assert [r.name for r in store.queued_runs()] == ["r0", "r1", "r2"]
+    assert store.active_runs() == []
+
+    assert store.mark_submitted(runs[0].id, runs[0].uuid)
+    assert not store.mark_submitted(runs[0].id, "again")  # already submitted
+    assert [r.name for r in store.queued_runs()] == ["r1", "r2"]
+    assert [r.ray_submission_id for r in store.active_runs()] == [runs[0].uuid]
+
+    store.clear_submission(runs[0].id)  # Ray did not take it: back in the queue, in order
+    assert [r.name for r in store.queued_runs()] == ["r0", "r1", "r2"]
+
+
+def test_a_worker_cannot_start_a_run_cancelled_before_it_started(store):
+    run = make_run(store)
+    store.mark_submitted(run.id, run.uuid)
+    cancelled = store.request_cancel(run.id)
+    assert cancelled.status is RunStatus.CANCELLED and cancelled.finished_at is not None
+    assert not store.start_run(run.id)
+    assert store.get_run(run.id).status is RunStatus.CANCELLED
+
+
+def test_cancelling_a_running_run_waits_for_its_worker(store):
+    run = make_run(store)
+    assert store.start_run(run.id)
+    assert store.get_run(run.id).started_at is not None
+    assert store.request_cancel(run.id).status is RunStatus.CANCELLING
+    assert store.request_cancel(run.id).status is RunStatus.CANCELLING  # idempotent
+    assert store.beat(run.id) is RunStatus.CANCELLING  # what the worker's heartbeat sees
+    assert store.finish_run(run.id, RunStatus.CANCELLED)
+    with pytest.raises(InvalidTransitionError, match="already cancelled"):
+        store.request_cancel(run.id)
+    assert [e.message for e in store.events(run.id)] == ["cancel requested (running -> cancelling)"]
+
+
+def test_the_first_outcome_recorded_stays(store):
+    run = make_run(store)
+    store.start_run(run.id)
+    assert store.finish_run(run.id, RunStatus.FAILED, error="no heartbeat")
+    # The worker was only slow: its late success must not revive the run.
+    assert not store.finish_run(run.id, RunStatus.SUCCEEDED)
+    after = store.get_run(run.id)
+    assert after.status is RunStatus.FAILED and after.error == "no heartbeat"
+    with pytest.raises(ValueError, match="terminal"):
+        store.finish_run(run.id, RunStatus.RUNNING)
+
+
+def test_resume_truncates_after_the_checkpoint_and_starts_a_new_attempt(store):
+    run = make_run(store)
+    store.mark_submitted(run.id, run.uuid)
+    store.start_run(run.id)
+    for step in (1, 2, 3, 4):
+        store.record_step(run.id, report(step))
+    store.add_checkpoint(run.id, 2, "/ckpt/checkpoint-2")
+    store.add_checkpoint(run.id, 4, "/ckpt/checkpoint-4")
+    store.finish_run(run.id, RunStatus.FAILED, error="killed")
+
+    resumed = store.resume_run(run.id, 2)
+    assert (resumed.status, resumed.attempt, resumed.step) == (RunStatus.QUEUED, 2, 2)
+    assert resumed.error is None and resumed.ray_submission_id is None
+    assert resumed.finished_at is None and resumed.uuid == run.uuid
+    assert [p.step for p in store.metric_series(run.id, "train/reward/mean")] == [1, 2]
+    assert store.latest_metrics([run.id])[run.id]["train/reward/mean"] == 2.0
+    assert [c.step for c in store.checkpoints(run.id)] == [2]
+    assert store.population(run.id, 3) == []
+    assert [r.id for r in store.queued_runs()] == [run.id]
+    assert "attempt 2 queued" in store.events(run.id)[-1].message
+
+    # The new attempt rewrites steps 3 and 4: one row per step, never two.
+    store.start_run(run.id)
+    for step in (3, 4):
+        store.record_step(run.id, report(step))
+    assert [p.step for p in store.metric_series(run.id, "train/reward/mean")] == [1, 2, 3, 4]
+    assert len(store.samples(run.id, split="train", step=3)) == 1
+
+
+def test_only_failed_or_cancelled_runs_resume(store):
+    run = make_run(store)
+    with pytest.raises(InvalidTransitionError, match="queued; only a failed or cancelled"):
+        store.resume_run(run.id, 0)
+    store.start_run(run.id)
+    store.finish_run(run.id, RunStatus.SUCCEEDED)
+    with pytest.raises(InvalidTransitionError, match="eslab clone"):
+        store.resume_run(run.id, 0)
+
+
+def test_export_has_every_row_at_full_resolution(store):
+    parent = make_run(store, name="parent")
+    run = make_run(store, name="child", parent_id=parent.id)
+    for step in range(1, 101):
+        store.record_step(run.id, report(step))
+    store.add_event(run.id, "info", "hello")
+    exported = store.export_run(run.id)
+    assert exported.run.parent_id == parent.id
+    assert len(exported.metrics) == 200 and len(exported.population) == 200
+    assert len(exported.samples) == 100
+    first = exported.metrics[0]
+    assert first == {"key": "train/noise_std", "step": 1, "value": 0.01, "wall_time": 101.0}
+    assert exported.samples[-1]["completion"] == "c100"
+    assert exported.population[1] == {
+        "step": 1,
+        "member": 1,
+        "seed": 1,
+        "fitness": 2.0,
+        "shaped_fitness": 1.0,
+        "reward": None,
+        "cost": None,
+    }
+    assert [e.message for e in exported.events] == ["hello"]
+
+
+def test_one_lock_holder_at_a_time_until_its_lease_expires(store):
+    assert store.acquire_lock("scheduler", "a", lease_seconds=30)
+    assert store.acquire_lock("scheduler", "a", lease_seconds=30)  # renewal
+    assert not store.acquire_lock("scheduler", "b", lease_seconds=30)
+    holder = store.lock_holder("scheduler")
+    assert holder.owner == "a"
+    assert timedelta(seconds=25) < holder.expires_at - holder.acquired_at <= timedelta(seconds=31)
+
+    store.release_lock("scheduler", "b")  # not b's: nothing happens
+    assert store.lock_holder("scheduler").owner == "a"
+    store.release_lock("scheduler", "a")
+    assert store.acquire_lock("scheduler", "b", lease_seconds=-1)  # b takes it, lease expired
+    assert store.acquire_lock("scheduler", "c", lease_seconds=30)  # so c may take it over
+    assert store.lock_holder("scheduler").owner == "c"
+
+
+def test_racing_lock_takers_get_exactly_one_winner(store):
+    results: list[bool] = []
+    barrier = threading.Barrier(4)
+
+    def take(owner):
+        barrier.wait()
+        results.append(store.acquire_lock("race", owner, lease_seconds=30))
+
+    threads = [threading.Thread(target=take, args=(f"o{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False, False, False, True]
