@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from engine import metrics as mk
+from engine.backends.base import EvaluationStopped
 from engine.backends.pool import EnginePool
 from engine.batches import Batches, Position
 from engine.config import RunConfig
@@ -91,12 +92,18 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
             examples = [train_set[i] for i in batches.indices(state.position)]
             position, epoch_ended = batches.advance(state.position)
             noise_std, learning_rate = current_schedules(config, state.global_step, total_steps)
-            if config.method == "es":
-                report = es_step(config, pool, examples, state.global_step, noise_std,
-                                 learning_rate)
-            else:
-                report = lbes_step(config, pool, examples, state.global_step, noise_std,
-                                   learning_rate)
+            step_fn = es_step if config.method == "es" else lbes_step
+            try:
+                report = step_fn(config, pool, examples, state.global_step, noise_std,
+                                 learning_rate, stop=should_stop)
+            except EvaluationStopped:
+                # Stopped between members, before this step's update: the weights are still
+                # those of the last finished step, which is what the checkpoint records.
+                if saved != state.global_step:
+                    sink.log_checkpoint(state.global_step, str(save_checkpoint(
+                        config, pool, state, output_dir)))
+                raise TrainingStopped(f"stopped during step {state.global_step + 1}, "
+                                      f"checkpoint of step {state.global_step} saved") from None
             if report is None:
                 # LBES found nothing informative: the step and the schedules do not advance.
                 state = TrainerState(state.global_step, position.epoch, position.batch)
@@ -182,12 +189,13 @@ def _due(strategy: str, every: int | None, step: int, epoch_ended: bool, total: 
 
 
 def es_step(config: RunConfig, pool: EnginePool, examples: list[Example], step: int,
-            noise_std: float, learning_rate: float) -> StepReport:
+            noise_std: float, learning_rate: float,
+            stop: Callable[[], bool] | None = None) -> StepReport:
     members = population(config.data.seed, step, config.es.population_size,
                          config.es.antithetic)
     task = generate_task(config, examples, step, description=f"step {step + 1}")
     results: list[ScoredBatch] = pool.evaluate(
-        [(m.seed, m.sign * noise_std) for m in members], task)
+        [(m.seed, m.sign * noise_std) for m in members], task, stop=stop)
 
     fitness = np.array([r.fitness for r in results])  # [N]
     if config.es.macro_advantage:
@@ -240,7 +248,8 @@ def apply_update(pool: EnginePool, members: list[Member], shaped: np.ndarray,
 
 
 def lbes_step(config: RunConfig, pool: EnginePool, examples: list[Example], step: int,
-              noise_std: float, learning_rate: float) -> StepReport | None:
+              noise_std: float, learning_rate: float,
+              stop: Callable[[], bool] | None = None) -> StepReport | None:
     base_start = time.perf_counter()
     base = generate_task(config, examples, step, description=f"step {step + 1} (base model)")(
         pool)
@@ -255,7 +264,8 @@ def lbes_step(config: RunConfig, pool: EnginePool, examples: list[Example], step
     task = CompletionLogprobs(prompts=[examples[b].prompt for b, _ in rows],
                               completions=[base.texts[b][j] for b, j in rows])
     logprob_start = time.perf_counter()
-    per_member = pool.evaluate([(m.seed, m.sign * noise_std) for m in members], task)
+    per_member = pool.evaluate([(m.seed, m.sign * noise_std) for m in members], task,
+                               stop=stop)
     logprob_seconds = time.perf_counter() - logprob_start
     logliks = np.full((len(members), *base.rewards.shape), np.nan)  # [N, B, n]
     for i, values in enumerate(per_member):

@@ -18,6 +18,10 @@ class EngineError(RuntimeError):
     """An engine failed or refused an operation; the message says which and why."""
 
 
+class EvaluationStopped(EngineError):
+    """A population evaluation was stopped between members because a stop was asked for."""
+
+
 class EngineMismatchError(EngineError):
     """Engines that must hold identical weights do not (their checksums differ)."""
 

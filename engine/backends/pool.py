@@ -24,6 +24,7 @@ from engine.backends.base import (
     Completion,
     EngineError,
     EngineMismatchError,
+    EvaluationStopped,
     Messages,
     PerturbationEngine,
 )
@@ -94,26 +95,36 @@ class EnginePool:
     # ---- population evaluation ----------------------------------------------------------------
 
     def evaluate(
-        self, members: Sequence[Member], work: Callable[[PerturbationEngine], R]
+        self,
+        members: Sequence[Member],
+        work: Callable[[PerturbationEngine], R],
+        stop: Callable[[], bool] | None = None,
     ) -> list[R]:
         """For each member: perturb(seed, scale), then work(engine); results in member order.
 
         `work` must be picklable (a module-level function or a functools.partial of one) and
         return something small (rewards, texts), never weights. Every engine is restored
         afterwards, also when a member fails. `last_stats` then holds the summed perturb
-        and restore seconds.
+        and restore seconds. `stop` is asked before each member is handed out: when it says
+        yes, no further member starts, the members in flight finish, every engine is
+        restored and EvaluationStopped is raised (a cancelled run stops within one member).
         """
+        asked = stop or (lambda: False)
         if self._local is not None:
-            return self._evaluate_local(members, work)
-        return self._evaluate_actors(members, work)
+            return self._evaluate_local(members, work, asked)
+        return self._evaluate_actors(members, work, asked)
 
-    def _evaluate_local(self, members: Sequence[Member], work: Callable[..., R]) -> list[R]:
+    def _evaluate_local(
+        self, members: Sequence[Member], work: Callable[..., R], stop: Callable[[], bool]
+    ) -> list[R]:
         engine = self._local
         assert engine is not None
         results: list[R] = []
         perturb_s = 0.0
         try:
             for seed, scale in members:
+                if stop():
+                    raise EvaluationStopped(f"stopped after {len(results)} members")
                 start = time.perf_counter()
                 engine.perturb(seed, scale)
                 perturb_s += time.perf_counter() - start
@@ -125,7 +136,9 @@ class EnginePool:
         self.last_stats = {"perturb_s": perturb_s, "restore_s": restore_s}
         return results
 
-    def _evaluate_actors(self, members: Sequence[Member], work: Callable[..., R]) -> list[R]:
+    def _evaluate_actors(
+        self, members: Sequence[Member], work: Callable[..., R], stop: Callable[[], bool]
+    ) -> list[R]:
         import ray
 
         work_ref = ray.put(work)
@@ -135,7 +148,7 @@ class EnginePool:
         perturb_s = 0.0
 
         def hand_next(actor_index: int) -> None:
-            item = next(queue, None)
+            item = None if stop() else next(queue, None)
             if item is not None:
                 index, (seed, scale) = item
                 actor = self._actors[actor_index]
@@ -151,6 +164,8 @@ class EnginePool:
                 seconds, results[index] = ray.get(done[0])
                 perturb_s += seconds
                 hand_next(actor_index)
+            if len(results) < len(members):
+                raise EvaluationStopped(f"stopped after {len(results)} members")
         finally:
             if pending:  # a member failed: let the others finish before restoring
                 ray.wait(list(pending), num_returns=len(pending))

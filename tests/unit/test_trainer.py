@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from engine import metrics as mk
+from engine.backends.base import EvaluationStopped
 from engine.config import RunConfig
 from engine.data.datasets import Example, write_dataset
 from engine.rewards import RewardError
@@ -63,9 +64,12 @@ class ToyPool:
     def generate(self, prompts, **sampling):
         return self.engine.generate(prompts, **sampling)
 
-    def evaluate(self, perturbations, task):
+    def evaluate(self, perturbations, task, stop=None):
         results = []
         for seed, scale in perturbations:
+            if stop is not None and stop():
+                self.engine.restore()
+                raise EvaluationStopped("stopped")
             self.engine.perturb(seed, scale)
             results.append(task(self.engine))
             self.engine.restore()
@@ -212,12 +216,23 @@ def test_a_stop_request_saves_a_checkpoint_and_resume_continues(dataset, tmp_pat
     from engine.trainer import TrainingStopped
 
     sink = ListSink()
-    asked = iter([False, True])
     with pytest.raises(TrainingStopped, match="after step 2"):
         train(make_config(dataset, tmp_path, max_steps=4, eval_strategy="no"), sink,
-              pool=ToyPool(), should_stop=lambda: next(asked))
+              pool=ToyPool(), should_stop=lambda: len(sink.steps) >= 2)
     assert [s for s, _ in sink.checkpoints] == [2]
     resumed = ListSink()
     train(make_config(dataset, tmp_path, max_steps=4, eval_strategy="no"), resumed,
           pool=ToyPool(), resume_from=tmp_path / "out" / "checkpoint-2")
     assert [r.step for r in resumed.steps] == [3, 4]
+
+
+def test_a_stop_during_a_step_checkpoints_the_last_finished_step(dataset, tmp_path):
+    from engine.trainer import TrainingStopped
+
+    calls = iter(range(1000))  # 8 members a step + 1 check after it: stop in step 2
+    sink = ListSink()
+    with pytest.raises(TrainingStopped, match="during step 2, checkpoint of step 1"):
+        train(make_config(dataset, tmp_path, max_steps=4, eval_strategy="no"), sink,
+              pool=ToyPool(), should_stop=lambda: next(calls) >= 12)
+    assert [r.step for r in sink.steps] == [1]
+    assert [s for s, _ in sink.checkpoints] == [1]
