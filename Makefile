@@ -64,8 +64,14 @@ db: deps
 	$(ESLAB) db upgrade
 
 # PostgreSQL for the PostgreSQL variant of the store tests (they start their own server on
-# 127.0.0.1); where it cannot be installed those tests are skipped and say why.
+# 127.0.0.1) and Debian's Chromium for the browser tests (Playwright drives /usr/bin/chromium;
+# never `playwright install`, which downloads a browser); where either cannot be installed,
+# its tests are skipped and say why.
 system-deps:
+	@command -v chromium >/dev/null 2>&1 || \
+	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } || \
+	echo "make: chromium is not installed; the browser tests will be skipped"
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || \
 	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; } || \

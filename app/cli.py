@@ -168,30 +168,16 @@ def _overridden(pairs: list[str], option: str) -> bool:
 
 def _queue(config: RunConfig, name: str | None = None, parent_id: int | None = None,
            tags: Sequence[str] = ()) -> int:
-    """Validate what can be checked before a run starts (datasets, reward function, model
-    folder), refuse an output_dir that a live run writes to, then queue the run."""
-    from engine.config import FieldError
-    from engine.paths import resolve_path
-    from engine.trainer import plan_total_steps
-    from jobs.runner import default_run_name
+    """Queue the run through jobs.launch (the path the dashboard uses too) and print it."""
+    from jobs.launch import queue_run
     from jobs.store.store import Store
 
-    total = plan_total_steps(config)
     store = Store()
     try:
-        output = resolve_path(config.data.output_dir)
-        for other in store.active_runs() + store.queued_runs(limit=1000):
-            if resolve_path(other.config.get("output_dir") or "") == output:
-                raise ConfigError([FieldError("output_dir", (
-                    f"data.output_dir {config.data.output_dir} is in use by run {other.id} "
-                    f"({other.status.value}); give this run its own with --set "
-                    "output_dir=..."))])
-        run = store.create_run(name=name or default_run_name(config), method=config.method,
-                               config=config.to_flat(), total_steps=total, tags=list(tags),
-                               parent_id=parent_id)
+        run = queue_run(store, config, name=name, parent_id=parent_id, tags=tags)
     finally:
         store.close()
-    print(f"run {run.id} ({run.uuid}) '{run.name}' queued: {total} steps")
+    print(f"run {run.id} ({run.uuid}) '{run.name}' queued: {run.total_steps} steps")
     print(dashboard_url(run.id))
     return 0
 

@@ -1,8 +1,16 @@
 """The dashboard's entry file: declares the pages and the shared sidebar (`eslab serve` runs
-it with Streamlit)."""
+it with Streamlit). Every page keeps its state in the URL, so a copied link is the view."""
 
 import streamlit as st
 
 st.set_page_config(page_title="ES Lab", layout="wide")
-page = st.navigation([st.Page("app_pages/runs.py", title="Runs", default=True)])
+page = st.navigation([
+    st.Page("app_pages/runs.py", title="Runs", icon=":material/list:", default=True),
+    st.Page("app_pages/new_run.py", title="New run", icon=":material/add:", url_path="new"),
+    st.Page("app_pages/run.py", title="Run", icon=":material/monitoring:", url_path="run"),
+    st.Page("app_pages/compare.py", title="Compare", icon=":material/compare:",
+            url_path="compare"),
+    st.Page("app_pages/samples.py", title="Samples", icon=":material/article:",
+            url_path="samples"),
+])
 page.run()

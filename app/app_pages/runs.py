@@ -1,27 +1,105 @@
-"""Runs: every run in the database, newest first."""
+"""Runs: search, filter and sort every run; open, compare, cancel, clone or resume them.
+Filters, sort and page live in the URL; one page of runs is read at a time."""
 
+import pandas as pd
 import streamlit as st
 
+from app import actions
 from app.state import get_store
-
-st.title("ES Lab")
-store = get_store()
-count = store.count_runs()
-st.success("ES Lab is running.")
-if count == 0:
-    st.info("No runs exist yet.")
-    st.stop()
-st.dataframe(
-    [
-        {
-            "id": r.id,
-            "name": r.name,
-            "method": r.method,
-            "status": r.status.value,
-            "step": f"{r.step} / {r.total_steps or '?'}",
-            "created": r.created_at,
-        }
-        for r in store.list_runs(limit=200)
-    ],
-    hide_index=True,
+from app.views import (
+    int_param,
+    label,
+    model_name,
+    param,
+    param_list,
+    progress,
+    set_param,
+    task_name,
 )
+from engine import metrics as mk
+from jobs.store.status import RunStatus
+
+PAGE_SIZE = 50
+SORTS = {"newest": "-created_at", "oldest": "created_at", "name": "name", "status": "status",
+         "method": "method", "most steps": "-step"}
+
+st.title("Runs")
+store = get_store()
+
+c1, c2, c3, c4, c5 = st.columns([3, 3, 2, 2, 2])
+text = c1.text_input("Search", param("q"), placeholder="name, id or uuid")
+statuses = c2.multiselect("Status", [s.value for s in RunStatus],
+                          [s for s in param_list("status") if s in set(RunStatus)])
+methods = c3.multiselect("Method", ["es", "lbes"],
+                         [m for m in param_list("method") if m in ("es", "lbes")])
+tag = c4.text_input("Tag", param("tag"))
+sort_names = list(SORTS)
+sort = c5.selectbox("Sort", sort_names, index=sort_names.index(param("sort", "newest"))
+                    if param("sort", "newest") in SORTS else 0)
+for name, value in (("q", text), ("status", statuses), ("method", methods), ("tag", tag),
+                    ("sort", "" if sort == "newest" else sort)):
+    set_param(name, value)
+
+runs, total = store.search_runs(text=text, statuses=statuses, methods=methods, tag=tag,
+                                order=SORTS[sort], limit=PAGE_SIZE,
+                                offset=PAGE_SIZE * max(0, int_param("page", 1) - 1))
+if total == 0:
+    st.info("No runs match." if store.count_runs() else
+            "No runs exist yet: open **New run** or use `eslab submit run.yaml`.")
+    st.stop()
+
+pages = -(-total // PAGE_SIZE)
+page = min(max(1, int_param("page", 1)), pages)
+if pages > 1:
+    page = st.number_input(f"Page (of {pages}, {total} runs)", 1, pages, page)
+    set_param("page", "" if page == 1 else str(page))
+    runs, _ = store.search_runs(text=text, statuses=statuses, methods=methods, tag=tag,
+                                order=SORTS[sort], limit=PAGE_SIZE, offset=PAGE_SIZE * (page - 1))
+
+ids = [r.id for r in runs]
+reward = mk.reward_key(mk.TRAIN)
+lines = store.sparklines(ids, reward, points=30)
+best = store.best_metrics(ids, mk.reward_key(mk.EVAL))
+table = pd.DataFrame([{
+    "id": r.id, "name": r.name, "status": r.status.value, "method": r.method,
+    "model": model_name(r), "task": task_name(r), "progress": progress(r),
+    "step": f"{r.step} / {r.total_steps or '?'}", "best eval reward": best.get(r.id),
+    "train reward": lines[r.id], "created": r.created_at, "tags": ", ".join(r.tags),
+    "open": f"/run?run={r.id}",
+} for r in runs])
+event = st.dataframe(
+    table, hide_index=True, on_select="rerun", selection_mode="multi-row", key="runs_table",
+    column_config={
+        "progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=1),
+        "train reward": st.column_config.LineChartColumn("train reward"),
+        "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm"),
+        "open": st.column_config.LinkColumn("open", display_text="open"),
+    },
+)
+selected = [runs[i] for i in event.selection.rows]
+st.caption(f"{total} runs · page {page} of {pages} · selected: "
+           + (", ".join(label(r) for r in selected) or "none"))
+
+b1, b2, b3, b4, b5, b6 = st.columns(6)
+if b1.button("Open", disabled=len(selected) != 1, icon=":material/open_in_new:"):
+    st.switch_page(actions.RUN_PAGE, query_params={"run": str(selected[0].id)})
+if b2.button("Compare", disabled=len(selected) < 2, icon=":material/compare:"):
+    st.switch_page(actions.COMPARE_PAGE,
+                   query_params={"runs": ",".join(str(r.id) for r in selected)})
+if b3.button("Clone", disabled=len(selected) != 1, icon=":material/content_copy:"):
+    st.switch_page(actions.NEW_PAGE, query_params={"clone": str(selected[0].id)})
+if b4.button("Cancel", disabled=not any(actions.can_cancel(r) for r in selected),
+             icon=":material/stop:"):
+    for r in selected:
+        if actions.can_cancel(r):
+            actions.cancel(store, r.id)
+    st.rerun()
+if b5.button("Resume", disabled=not any(actions.can_resume(r) for r in selected),
+             icon=":material/play_arrow:"):
+    for r in selected:
+        if actions.can_resume(r):
+            actions.resume(store, r.id)
+    st.rerun()
+if b6.button("Delete", disabled=not selected or not all(actions.can_delete(r) for r in selected),
+             icon=":material/delete:"):
+    actions.confirm_delete(store, selected)

@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, case, delete, func, select, update
+from sqlalchemy import Engine, String, case, cast, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
@@ -549,6 +549,143 @@ class Store:
         lock = models.SchedulerLock
         with self._session() as s:
             s.execute(delete(lock).where(lock.name == name, lock.owner == owner))
+
+    # -- dashboard (app/): run search, chart data reduced in SQL, delete ---------------------
+
+    RUN_ORDERS = ("created_at", "name", "status", "method", "step")
+
+    def delete_run(self, run: int | str) -> None:
+        """Remove a finished run and everything it recorded (rows cascade); a queued or live
+        run must be cancelled first. Files under its output_dir are left alone."""
+        with self._session() as s:
+            row = _find_run(s, run)
+            if not RunStatus(row.status).is_terminal():
+                raise InvalidTransitionError(
+                    f"run {row.id} is {row.status}: cancel it before deleting it")
+            s.delete(row)
+
+    def search_runs(
+        self,
+        *,
+        text: str = "",
+        statuses: Sequence[str] = (),
+        methods: Sequence[str] = (),
+        tag: str = "",
+        order: str = "-created_at",
+        limit: int = 50,
+        offset: int = 0,
+    ) -> tuple[list[RunRecord], int]:
+        """One page of runs matching the filters, and how many match in all. `text` matches
+        the name, uuid or id; `order` is a RUN_ORDERS column, `-` first for descending."""
+        column = order.lstrip("-")
+        if column not in self.RUN_ORDERS:
+            raise ValueError(f"cannot sort runs by {order!r}; choose one of {self.RUN_ORDERS}")
+        run = models.Run
+        where: list[Any] = []
+        if text.strip():
+            needle = text.strip()
+            match = [run.name.ilike(f"%{needle}%"), run.uuid.startswith(needle.lower())]
+            if needle.isdigit():
+                match.append(run.id == int(needle))
+            where.append(or_(*match))
+        if statuses:
+            where.append(run.status.in_(list(statuses)))
+        if methods:
+            where.append(run.method.in_(list(methods)))
+        if tag.strip():
+            # tags is a JSON list; its text form holds each tag quoted, on SQLite and PostgreSQL.
+            where.append(cast(run.tags, String).like(f'%"{tag.strip()}"%'))
+        key = getattr(run, column)
+        sort = [key.desc() if order.startswith("-") else key.asc(), run.id.desc()]
+        with self._session() as s:
+            total = s.scalar(select(func.count()).select_from(run).where(*where)) or 0
+            rows = s.scalars(select(run).where(*where).order_by(*sort).limit(limit).offset(offset))
+            return [_run_record(r) for r in rows], total
+
+    def sparklines(self, run_ids: Sequence[int], key: str, points: int = 30
+                   ) -> dict[int, list[float]]:
+        """About `points` bucket means of metric `key` per run, bucketed by step in SQL (the
+        latest step comes from latest_metrics, so no run's series is read whole)."""
+        m, latest = models.Metric, models.LatestMetric
+        bucket = (m.step * points // (latest.step + 1)).label("bucket")
+        query = (
+            select(m.run_id, bucket, func.avg(m.value))
+            .join(latest, (latest.run_id == m.run_id) & (latest.key == m.key))
+            .where(m.run_id.in_(list(run_ids)), m.key == key)
+            .group_by(m.run_id, bucket)
+            .order_by(m.run_id, bucket)
+        )
+        out: dict[int, list[float]] = {i: [] for i in run_ids}
+        with self._session() as s:
+            for run_id, _, value in s.execute(query):
+                out[run_id].append(float(value))
+        return out
+
+    def best_metrics(self, run_ids: Sequence[int], key: str) -> dict[int, float]:
+        """The highest value of metric `key` per run (runs without it are left out)."""
+        m = models.Metric
+        with self._session() as s:
+            rows = s.execute(select(m.run_id, func.max(m.value))
+                             .where(m.run_id.in_(list(run_ids)), m.key == key)
+                             .group_by(m.run_id))
+            return {run_id: float(value) for run_id, value in rows}
+
+    def metric_buckets(self, run: int | str, key: str, points: int = 400) -> list[dict[str, Any]]:
+        """Metric `key` reduced in SQL to at most `points` step buckets, each with its first
+        step, mean, min, max and last wall time: spikes survive (min/max), rows stay few."""
+        m = models.Metric
+        with self._session() as s:
+            row = _find_run(s, run)
+            span = s.execute(
+                select(func.min(m.step), func.max(m.step)).where(m.run_id == row.id, m.key == key)
+            ).one()
+            if span[0] is None:
+                return []
+            width = max(1, -(-(span[1] - span[0] + 1) // points))
+            bucket = ((m.step - span[0]) // width).label("bucket")
+            rows = s.execute(
+                select(func.min(m.step), func.avg(m.value), func.min(m.value),
+                       func.max(m.value), func.max(m.wall_time), bucket)
+                .where(m.run_id == row.id, m.key == key)
+                .group_by(bucket)
+                .order_by(bucket)
+            )
+            return [
+                {"step": r[0], "value": float(r[1]), "min": float(r[2]), "max": float(r[3]),
+                 "wall_time": float(r[4])}
+                for r in rows
+            ]
+
+    def population_points(self, run: int | str, max_points: int = 3000) -> list[dict[str, Any]]:
+        """(step, member, fitness) rows of every `stride`-th step, the stride chosen in SQL so
+        that at most about `max_points` rows come back."""
+        p = models.PopulationMember
+        with self._session() as s:
+            row = _find_run(s, run)
+            total = s.scalar(select(func.count()).select_from(p).where(p.run_id == row.id)) or 0
+            stride = max(1, -(-total // max_points))
+            rows = s.execute(
+                select(p.step, p.member, p.fitness, p.shaped_fitness)
+                .where(p.run_id == row.id, p.step % stride == 0)
+                .order_by(p.step, p.member)
+            )
+            return [{"step": r[0], "member": r[1], "fitness": r[2], "shaped_fitness": r[3]}
+                    for r in rows]
+
+    def sample_steps(self, run: int | str, split: str) -> list[int]:
+        """The steps at which samples of `split` were recorded."""
+        x = models.Sample
+        with self._session() as s:
+            row = _find_run(s, run)
+            return list(s.scalars(select(x.step).where(x.run_id == row.id, x.split == split)
+                                  .distinct().order_by(x.step)))
+
+    def population_steps(self, run: int | str) -> list[int]:
+        p = models.PopulationMember
+        with self._session() as s:
+            row = _find_run(s, run)
+            return list(s.scalars(select(p.step).where(p.run_id == row.id)
+                                  .distinct().order_by(p.step)))
 
 
 def _find_run(session: Session, run: int | str) -> models.Run:

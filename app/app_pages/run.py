@@ -1,0 +1,141 @@
+"""Run (`?run=ID`): status and actions, live charts (a fragment that refreshes itself while
+the run is live), and tabs for configuration, samples, LBES, events and checkpoints."""
+
+import pandas as pd
+import streamlit as st
+
+from app import actions, charts, exports
+from app.samples_view import lbes_view, samples_table
+from app.state import get_store
+from app.views import duration, elapsed, eta, param, set_param, smoothing_param
+from engine import metrics as mk
+from engine.paths import resolve_path
+from engine.schedules import planned_schedule
+from jobs.store.errors import StoreError
+
+REFRESH_SECONDS = 5
+X_AXES = {"step": "step", "wall time (min)": "wall_time"}
+
+store = get_store()
+if not param("run"):
+    st.info("Open a run from the **Runs** page (this page's URL is `/run?run=ID`).")
+    st.stop()
+try:
+    run = store.get_run(param("run"))
+except StoreError as exc:
+    st.error(str(exc))
+    st.stop()
+
+def status() -> None:
+    """Status and actions; reruns itself every few seconds while the run is live."""
+    current = store.get_run(run.id)
+    if current.status.is_terminal() and not run.status.is_terminal():
+        st.rerun(scope="app")  # the run ended: redraw once without the timer
+    c1, c2, c3, c4 = st.columns(4)
+    c1.metric("Status", current.status.value)
+    c2.metric("Step", f"{current.step} / {current.total_steps or '?'}")
+    c3.metric("Elapsed", duration(elapsed(current)))
+    c4.metric("Time left", duration(eta(current)))
+    if current.error:
+        st.error(current.error)
+    actions.buttons(store, current, "run")
+
+
+st.title(run.name)
+st.caption(f"run {run.id} · {run.method} · uuid {run.uuid} · tags: {', '.join(run.tags) or '–'}")
+refresh = None if run.status.is_terminal() else REFRESH_SECONDS
+st.fragment(run_every=refresh)(status)()
+
+o1, o2 = st.columns(2)
+axis_names = list(X_AXES)
+axis = o1.radio("x-axis", axis_names, horizontal=True, key="run_x",
+                index=axis_names.index(param("x")) if param("x") in X_AXES else 0)
+smoothing = o2.slider("Smoothing (EMA)", 0.0, 0.99, smoothing_param(), 0.01,
+                      key="run_smooth")
+set_param("x", "" if axis == "step" else axis)
+set_param("smooth", "" if smoothing == 0 else f"{smoothing:g}")
+x = X_AXES[axis]
+
+
+def schedule(key: str, kind: str, initial: str, final: str, rate: str, power: str):
+    """What was used so far and, dashed, the whole planned schedule."""
+    cfg = run.config
+    done = charts.frame(store.metric_buckets(run.id, key), "step")
+    plan = pd.DataFrame(columns=["step", "value"])
+    if run.total_steps and cfg.get(kind):
+        values = planned_schedule(cfg[kind], cfg[initial], cfg[final], run.total_steps,
+                                  cfg[rate], cfg[power])
+        plan = charts.downsample(pd.DataFrame({"step": range(len(values)), "value": values}),
+                                 "step", "value")
+    return charts.planned_chart(done, plan, f"{key} (planned dashed)")
+
+
+def live_charts() -> None:
+    points = pd.DataFrame(store.population_points(run.id),
+                          columns=["step", "member", "fitness", "shaped_fitness"])
+    if points.empty:
+        st.info("No steps recorded yet; charts appear after the first step.")
+        return
+    summary = points.groupby("step")["fitness"].agg(["min", "max", "mean"]).reset_index()
+    st.altair_chart(charts.population_chart(points, summary))
+    figures = []
+    for key, title in ((mk.reward_key(mk.TRAIN), "train reward mean"),
+                       (mk.reward_key(mk.TRAIN, stat="std"), "train reward std"),
+                       (mk.reward_key(mk.EVAL), "eval reward mean"),
+                       (mk.TOKENS_PER_SECOND, "tokens / s")):
+        df = charts.frame(store.metric_buckets(run.id, key), x, smoothing)
+        if not df.empty:
+            figures.append(charts.metric_chart(df, x, title))
+    figures.append(schedule(mk.NOISE_STD, "noise_std_scheduler_type", "noise_std",
+                            "noise_std_final", "noise_std_scheduler_rate",
+                            "noise_std_scheduler_power"))
+    figures.append(schedule(mk.LEARNING_RATE, "lr_scheduler_type", "learning_rate", "lr_final",
+                            "lr_scheduler_rate", "lr_scheduler_power"))
+    phases = [charts.frame(store.metric_buckets(run.id, mk.time_key(p)), x).assign(phase=p)
+              for p in mk.PHASES if p != "step"]
+    phases = [p for p in phases if not p.empty]
+    if phases:
+        figures.append(charts.metric_chart(pd.concat(phases), x, "seconds per phase",
+                                           color="phase", band=False))
+    columns = st.columns(2)
+    for i, figure in enumerate(figures):
+        columns[i % 2].altair_chart(figure)
+
+
+st.fragment(run_every=refresh)(live_charts)()
+
+config_tab, samples_tab, lbes_tab, events_tab, ckpt_tab, export_tab = st.tabs(
+    ["Configuration", "Samples", "LBES", "Events", "Checkpoints", "Export"], key="tab",
+    bind="query-params")
+with config_tab:
+    st.dataframe(pd.DataFrame({"option": list(run.config),
+                               "value": [str(v) for v in run.config.values()]}),
+                 hide_index=True)
+with samples_tab:
+    samples_table(store, run, "run_samples")
+with lbes_tab:
+    lbes_view(store, run)
+with events_tab:
+    events = store.events(run.id)
+    if events:
+        st.dataframe(pd.DataFrame([e.__dict__ for e in events]), hide_index=True)
+    else:
+        st.info("No events yet.")
+with ckpt_tab:
+    ckpts = store.checkpoints(run.id)
+    if ckpts:
+        st.dataframe(pd.DataFrame([c.__dict__ for c in ckpts]), hide_index=True)
+        on_disk = [c for c in ckpts if resolve_path(c.path).is_dir()]
+        if on_disk:
+            chosen = st.selectbox("Checkpoint", on_disk, index=len(on_disk) - 1,
+                                  format_func=lambda c: f"step {c.step}: {c.path}")
+            st.download_button("Download as .tar", lambda: exports.folder_tar(chosen.path),
+                               f"run-{run.id}-step-{chosen.step}.tar", "application/x-tar",
+                               icon=":material/download:")
+    else:
+        st.info("No checkpoints yet.")
+with export_tab:
+    st.download_button("Run as JSON (everything)", lambda: exports.run_json(store, run.id),
+                       f"run-{run.id}.json", "application/json", icon=":material/download:")
+    st.download_button("Metrics as CSV", lambda: exports.metrics_csv(store, run.id),
+                       f"run-{run.id}-metrics.csv", "text/csv", icon=":material/download:")

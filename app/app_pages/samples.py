@@ -1,0 +1,30 @@
+"""Samples (`?run=ID&split=...&step=...`): the completions of one run, by split and step,
+filtered by reward."""
+
+import streamlit as st
+
+from app.samples_view import samples_table
+from app.state import get_store
+from app.views import label, param, set_param
+from jobs.store.errors import StoreError
+
+st.title("Samples")
+store = get_store()
+runs = store.list_runs(limit=200)
+if not runs:
+    st.info("No runs exist yet.")
+    st.stop()
+ids = [r.id for r in runs]
+wanted = int(param("run")) if param("run").isdigit() else None
+if wanted is not None and wanted not in ids:
+    try:
+        runs.insert(0, store.get_run(wanted))
+        ids.insert(0, wanted)
+    except StoreError as exc:
+        st.error(str(exc))
+        wanted = None
+by_id = {r.id: r for r in runs}
+chosen = st.selectbox("Run", ids, index=ids.index(wanted) if wanted in ids else 0,
+                      format_func=lambda i: label(by_id[i]))
+set_param("run", str(chosen))
+samples_table(store, by_id[chosen], "samples")

@@ -1,0 +1,84 @@
+"""Altair charts for the dashboard. Data is reduced before it is drawn: buckets along x keep
+their min, max and mean (W&B "full fidelity"), so spikes stay visible and no chart gets more
+rows than Altair draws comfortably (its default limit is 5,000)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import altair as alt
+import pandas as pd
+
+MAX_POINTS = 400
+
+
+def downsample(df: pd.DataFrame, x: str, y: str, points: int = MAX_POINTS,
+               by: str | None = None) -> pd.DataFrame:
+    """At most `points` buckets along `x` (per `by` group): each row has the bucket's first x,
+    the mean of `y`, and its `min` and `max`, so no spike is lost."""
+    if df.empty:
+        return df.assign(min=pd.Series(dtype=float), max=pd.Series(dtype=float))
+    groups = df.groupby(by, sort=False) if by else [(None, df)]
+    out = []
+    for key, part in groups:
+        part = part.sort_values(x).reset_index(drop=True)
+        size = max(1, -(-len(part) // points))
+        bucket = part.index // size
+        reduced = part.groupby(bucket).agg(
+            **{x: (x, "first"), y: (y, "mean"), "min": (y, "min"), "max": (y, "max")})
+        if by:
+            reduced[by] = key[0] if isinstance(key, tuple) else key
+        out.append(reduced)
+    return pd.concat(out, ignore_index=True)
+
+
+def ema(values: Sequence[float] | pd.Series, smoothing: float) -> pd.Series:
+    """Exponential moving average; smoothing 0 returns the values, 0.99 smooths heavily."""
+    series = pd.Series(values, dtype=float)
+    if smoothing <= 0:
+        return series
+    return series.ewm(alpha=1.0 - min(smoothing, 0.999), adjust=False).mean()
+
+
+def metric_chart(df: pd.DataFrame, x: str, title: str, color: str | None = None,
+                 band: bool = True, height: int = 220) -> alt.Chart:
+    """A line of `value` against `x`, a min-max band where the data were bucketed, colour by
+    `color` (a run name in Compare)."""
+    base = alt.Chart(df).encode(x=alt.X(f"{x}:Q", title=x.replace("_", " ")))
+    enc = {"color": alt.Color(f"{color}:N", title=None)} if color else {}
+    line = base.mark_line().encode(y=alt.Y("value:Q", title=None), **enc,
+                                   tooltip=[x, "value"] + ([color] if color else []))
+    layers = [line]
+    if band and {"min", "max"} <= set(df.columns) and (df["min"] != df["max"]).any():
+        layers.insert(0, base.mark_area(opacity=0.2).encode(y="min:Q", y2="max:Q", **enc))
+    return alt.layer(*layers).properties(title=title, height=height)
+
+
+def planned_chart(done: pd.DataFrame, plan: pd.DataFrame, title: str) -> alt.Chart:
+    """What was used (solid) and the planned schedule ahead (dashed)."""
+    planned = alt.Chart(plan).mark_line(strokeDash=[4, 4], color="gray").encode(
+        x=alt.X("step:Q"), y=alt.Y("value:Q", title=None))
+    used = alt.Chart(done).mark_line().encode(x="step:Q", y="value:Q")
+    return alt.layer(planned, used).properties(title=title, height=220)
+
+
+def population_chart(points: pd.DataFrame, summary: pd.DataFrame) -> alt.Chart:
+    """Every member's fitness as points, the mean as a line and the min-max as a band."""
+    band = alt.Chart(summary).mark_area(opacity=0.2).encode(
+        x=alt.X("step:Q"), y=alt.Y("min:Q", title="fitness"), y2="max:Q")
+    mean = alt.Chart(summary).mark_line(color="black").encode(x="step:Q", y="mean:Q")
+    dots = alt.Chart(points).mark_circle(size=12, opacity=0.5).encode(
+        x="step:Q", y="fitness:Q", tooltip=["step", "member", "fitness"])
+    return alt.layer(band, dots, mean).properties(title="population fitness per step",
+                                                  height=260)
+
+
+def frame(buckets: list[dict], x: str = "step", smoothing: float = 0.0) -> pd.DataFrame:
+    """Store buckets (step, value, min, max, wall_time) as a chart frame; wall time becomes
+    minutes since the first point, and smoothing applies to the mean line."""
+    df = pd.DataFrame(buckets, columns=["step", "value", "min", "max", "wall_time"])
+    if x == "wall_time" and not df.empty:
+        df["wall_time"] = (df["wall_time"] - df["wall_time"].min()) / 60.0
+    if smoothing > 0 and not df.empty:
+        df["value"] = ema(df["value"], smoothing).to_numpy()
+    return df

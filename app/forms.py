@@ -1,0 +1,149 @@
+"""The New run form, generated from engine.config.config_fields() (no option restated here),
+and the configuration diff of Compare."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from engine.config import ConfigError, FieldSpec, RunConfig, config_fields
+
+PREFIX = "new_"
+GROUP_TITLES = {
+    "": "Method", "model": "Model and engine", "sampling": "Sampling", "es": "ES",
+    "data": "Data", "reward": "Reward", "lbes": "LBES filters", "eval": "Eval and save",
+    "logging": "Logging",
+}
+
+
+def key(name: str) -> str:
+    return PREFIX + name
+
+
+def shown(value: Any) -> Any:
+    """A config value as its widget holds it (numbers and None as text)."""
+    if isinstance(value, bool):
+        return value
+    return "" if value is None else str(value)
+
+
+def load_into_form(flat: Mapping[str, Any], method: str | None = None) -> None:
+    """Put a configuration (a preset, an imported YAML, a clone's parent) into the widgets;
+    options it leaves out get their defaults for its method."""
+    method = str(flat.get("method") or method or "es")
+    for spec in config_fields():
+        value = flat.get(spec.name, spec.default_for(method))
+        if isinstance(value, str) and value.strip().lower() in ("null", "~"):
+            value = None
+        if spec.type is bool:
+            value = value if isinstance(value, bool) else str(value).strip().lower() == "true"
+        elif spec.choices:
+            value = value if value in spec.choices else spec.default_for(method)
+        else:
+            value = shown(value)
+        st.session_state[key(spec.name)] = value
+
+
+def parse_yaml(text: str) -> dict[str, Any]:
+    """A YAML run configuration (flat or nested by group) as flat text values, for the form:
+    every scalar stays a string (YAML 1.1 would turn `eval_strategy: no` into False), and
+    the schema converts and checks them when the form is validated."""
+    import yaml
+
+    data = yaml.load(text, Loader=yaml.BaseLoader) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"the file must hold option: value pairs, got a {type(data).__name__}")
+    flat: dict[str, Any] = {}
+    for name, value in data.items():
+        if isinstance(value, dict):
+            flat.update(value)
+        else:
+            flat[name] = value
+    return flat
+
+
+def ensure_defaults() -> None:
+    if key("method") not in st.session_state:
+        load_into_form({})
+
+
+def _widget(spec: FieldSpec, errors: dict[str, str]) -> None:
+    label = spec.name + (" *" if spec.required else "")
+    k = key(spec.name)
+    if spec.type is bool:
+        st.checkbox(label, key=k, help=spec.help)
+    elif spec.choices:
+        st.selectbox(label, spec.choices, key=k, help=spec.help)
+    else:
+        st.text_input(label, key=k, help=spec.help,
+                      placeholder="none" if spec.nullable else None)
+    if spec.name in errors:
+        st.error(errors[spec.name], icon=":material/error:")
+
+
+def render_fields(errors: dict[str, str]) -> None:
+    """Every option, grouped as the schema groups them; errors show under their field."""
+    method = st.session_state.get(key("method"), "es")
+    specs = config_fields()
+    groups: dict[str, list[FieldSpec]] = {}
+    for spec in specs:
+        groups.setdefault(spec.group, []).append(spec)
+    for group, members in groups.items():
+        members = [s for s in members if method in s.methods]
+        if not members:
+            continue
+        failing = any(s.name in errors for s in members)
+        with st.expander(GROUP_TITLES.get(group, group), expanded=group in ("", "data",
+                                                                             "reward") or failing):
+            cols = st.columns(2)
+            for i, spec in enumerate(members):
+                with cols[i % 2]:
+                    _widget(spec, errors)
+
+
+def form_values() -> dict[str, Any]:
+    """The flat values the widgets hold; empty text means 'not set' (the schema default)."""
+    method = st.session_state.get(key("method"), "es")
+    values: dict[str, Any] = {}
+    for spec in config_fields():
+        if method not in spec.methods:
+            continue
+        value = st.session_state.get(key(spec.name))
+        if isinstance(value, str) and not value.strip():
+            if spec.nullable:
+                values[spec.name] = None
+            continue
+        values[spec.name] = value
+    return values
+
+
+def validate(values: Mapping[str, Any]) -> tuple[RunConfig | None, dict[str, str]]:
+    """The configuration, or the problems keyed by field (one message per field)."""
+    try:
+        return RunConfig.from_flat(values), {}
+    except ConfigError as exc:
+        errors: dict[str, str] = {}
+        for e in exc.errors:
+            errors.setdefault(e.field, e.message)
+        return None, errors
+
+
+def config_diff(configs: Mapping[str, Mapping[str, Any]], only_differences: bool = True
+                ) -> pd.DataFrame:
+    """One row per option, one column per run; with only_differences, the rows whose values
+    are not all equal (an option a run lacks counts as different)."""
+    names = list(configs)
+    options: list[str] = []
+    for flat in configs.values():
+        options += [k for k in flat if k not in options]
+    rows = []
+    for option in options:
+        values = [configs[n].get(option, "(missing)") for n in names]
+        if only_differences and all(v == values[0] for v in values[1:]):
+            continue
+        rows.append({"option": option, **{n: shown(v) for n, v in zip(names, values,
+                                                                     strict=True)}})
+    return pd.DataFrame(rows, columns=["option", *names])

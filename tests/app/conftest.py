@@ -1,0 +1,71 @@
+"""A migrated temporary SQLite database seeded through the Store with two runs (metrics,
+population rows, samples), shared by the AppTest and browser tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine import metrics as mk
+from engine.config import RunConfig
+from engine.data.datasets import write_dataset
+from engine.sink import PopulationRecord, SampleRecord, StepReport
+from jobs.store.migrate import upgrade
+from jobs.store.status import RunStatus
+from jobs.store.store import Store
+
+REWARD = "engine.rewards.conciseness.compute_score"
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # a hub name: queueing does not check it
+
+
+def write_task(folder: Path) -> Path:
+    return write_dataset(
+        [{"prompt": [{"role": "user", "content": f"say {i}"}], "reward_func_args": {}}
+         for i in range(4)], folder / "task" / "train.parquet")
+
+
+@pytest.fixture
+def dataset(tmp_path) -> Path:
+    return write_task(tmp_path)
+
+
+def make_config(dataset: Path, output_dir: Path, **options) -> RunConfig:
+    return RunConfig.from_flat({
+        "method": "es", "model": MODEL, "train_file": str(dataset),
+        "output_dir": str(output_dir), "reward_func_path": REWARD, "max_steps": 5,
+        "population_size": 4, **options})
+
+
+@pytest.fixture
+def seeded_url(tmp_path, dataset) -> str:
+    return seed(tmp_path, dataset)
+
+
+def seed(tmp_path: Path, dataset: Path) -> str:
+    """A migrated database in `tmp_path` with alpha-run (es) and beta-run (lbes), both
+    running at step 2 of 5; returns its URL."""
+    url = f"sqlite:///{tmp_path / 'eslab.db'}"
+    upgrade(url)
+    store = Store(url)
+    try:
+        for name, method, noise in (("alpha-run", "es", 1e-3), ("beta-run", "lbes", 2e-3)):
+            config = make_config(dataset, tmp_path / name, method=method, noise_std=noise)
+            run = store.create_run(name=name, method=method, config=config.to_flat(),
+                                   total_steps=5, tags=["smoke"], status=RunStatus.RUNNING)
+            for step in range(3):
+                store.record_step(run.id, StepReport(
+                    step=step,
+                    metrics={mk.reward_key(mk.TRAIN): 0.1 * step,
+                             mk.reward_key(mk.EVAL): 0.2 * step, mk.NOISE_STD: noise,
+                             mk.LEARNING_RATE: 5e-7, mk.time_key("generation"): 1.0},
+                    population=[PopulationRecord(member=m, seed=m, fitness=0.1 * m + step,
+                                                 shaped_fitness=0.0) for m in range(4)],
+                    samples=[SampleRecord(split=split, prompt_index=0, sample_index=0,
+                                          prompt="What is 2+2?", completion=f"{name} says 4",
+                                          reward=0.5, kept=True)
+                             for split in ("train", "eval")],
+                    wall_time=1000.0 + step))
+    finally:
+        store.close()
+    return url

@@ -1,0 +1,156 @@
+"""The dashboard in Debian's Chromium (never a downloaded browser), driven by Playwright,
+against `streamlit run app/main.py` on a seeded database: the Runs page and a Run page
+render, and a run page's URL opens the same view. Screenshots go to the test's tmp folder
+(or $ESLAB_TEST_OUTPUT)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine import metrics as mk
+from engine.sink import StepReport
+from jobs.store.status import RunStatus
+from jobs.store.store import Store
+
+CHROMIUM = "/usr/bin/chromium"
+APP = Path(__file__).resolve().parents[2] / "app" / "main.py"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+playwright_api = pytest.importorskip(
+    "playwright.sync_api", reason="the pip package `playwright` is not installed")
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is missing: install the Debian packages chromium and "
+                "chromium-driver", allow_module_level=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def seeded_url(tmp_path_factory) -> str:
+    """One seeded database and one server for this module (starting one costs seconds);
+    the live-refresh test, which changes run 1, runs last."""
+    from tests.app.conftest import seed, write_task
+
+    folder = tmp_path_factory.mktemp("browser")
+    return seed(folder, write_task(folder))
+
+
+@pytest.fixture(scope="module")
+def server(seeded_url, tmp_path_factory) -> Iterator[str]:
+    tmp_path = tmp_path_factory.mktemp("server")
+    port = free_port()
+    log = open(tmp_path / "streamlit.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(APP), "--server.address", "127.0.0.1",
+         "--server.port", str(port), "--server.headless", "true",
+         "--browser.gatherUsageStats", "false"],
+        env={**os.environ, "ESLAB_DATABASE_URL": seeded_url}, stdout=log, stderr=log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("streamlit did not start: "
+                            + (tmp_path / "streamlit.log").read_text()[-2000:])
+            time.sleep(0.3)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def shots(tmp_path) -> Path:
+    folder = Path(os.environ.get("ESLAB_TEST_OUTPUT", tmp_path))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def test_runs_and_run_pages_in_chromium(server, browser, shots):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{server}/")
+    page.get_by_text("2 runs · page 1 of 1", exact=False).wait_for(timeout=30_000)
+    page.locator("[data-testid='stDataFrame'] canvas").first.wait_for(timeout=30_000)
+    page.get_by_role("button", name="Compare").wait_for(timeout=30_000)
+    page.screenshot(path=shots / "runs.png", full_page=True)
+
+    page.goto(f"{server}/run?run=1")
+    page.get_by_role("heading", name="alpha-run").wait_for(timeout=30_000)
+    page.get_by_text("population fitness per step").first.wait_for(timeout=30_000)
+    page.screenshot(path=shots / "run.png", full_page=True)
+    assert "2 / 5" in page.inner_text("body")
+
+    fresh = browser.new_page()  # a collaborator opening the copied link
+    fresh.goto(f"{server}/run?run=2&x=wall+time+%28min%29")
+    fresh.get_by_role("heading", name="beta-run").wait_for(timeout=30_000)
+    assert fresh.get_by_role("radio", name="wall time (min)").is_checked()
+
+
+@pytest.mark.parametrize("path, text", [
+    ("/new", "Queue run"),
+    ("/compare?runs=1,2", "Only differences"),
+    ("/samples?run=2&split=eval", "beta-run says 4"),
+])
+def test_other_pages_in_chromium(server, browser, shots, path, text):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{server}{path}")
+    # table cells are in the DOM for accessibility but hidden under the canvas
+    page.get_by_text(text).first.wait_for(state="attached", timeout=30_000)
+    page.screenshot(path=shots / f"{path.strip('/').split('?')[0]}.png")
+
+
+def test_run_page_tab_comes_from_the_url(server, browser, shots):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{server}/run?run=2&tab=LBES")
+    page.get_by_role("tab", name="LBES", selected=True).wait_for(timeout=30_000)
+    page.get_by_text("Members at step 2").wait_for(timeout=30_000)  # visible: tab is open
+    page.get_by_role("tab", name="LBES").scroll_into_view_if_needed()
+    page.screenshot(path=shots / "run-lbes.png")
+
+
+def test_run_page_refreshes_itself_while_live(server, browser, seeded_url, shots):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{server}/run?run=1")
+    page.get_by_text("2 / 5").wait_for(timeout=30_000)
+    store = Store(seeded_url)
+    try:
+        store.record_step(1, StepReport(step=3, metrics={mk.reward_key(mk.TRAIN): 0.9},
+                                        wall_time=1003.0))
+        page.get_by_text("3 / 5").wait_for(timeout=30_000)  # no reload: the fragment ticks
+        store.set_status(1, RunStatus.SUCCEEDED)
+        page.get_by_text("succeeded").wait_for(timeout=30_000)
+    finally:
+        store.close()
+    page.screenshot(path=shots / "run-succeeded.png")
