@@ -20,27 +20,13 @@ from engine.backends.pool import EnginePool
 from engine.config import RunConfig
 from engine.data.datasets import load_dataset
 from engine.paths import data_dir, default_model_dir
-from engine.sink import StepReport
+from engine.sink import MemorySink
 from engine.trainer import train
 
 PHASES = ("generation", "perturb", "restore", "reward", "logprobs", "update")
 
 
-class Collect:
-    def __init__(self) -> None:
-        self.steps: list[StepReport] = []
-
-    def log_step(self, report: StepReport) -> None:
-        self.steps.append(report)
-
-    def log_checkpoint(self, step: int, path: str) -> None: ...
-
-    def log_event(self, level: str, message: str) -> None: ...
-
-    def heartbeat(self, step: int) -> None: ...
-
-
-def run_method(pool: EnginePool, method: str, args: argparse.Namespace, out: str) -> Collect:
+def run_method(pool: EnginePool, method: str, args: argparse.Namespace, out: str) -> MemorySink:
     options = {
         "method": method, "train_file": str(data_dir() / "conciseness" / "train.parquet"),
         "output_dir": out, "reward_func_path": "engine.rewards.conciseness.compute_score",
@@ -50,7 +36,7 @@ def run_method(pool: EnginePool, method: str, args: argparse.Namespace, out: str
     }
     if method == "lbes":
         options |= {"n": 4, "temperature": 1.0, "top_k_rewards": 1, "bottom_k_rewards": 1}
-    sink = Collect()
+    sink = MemorySink()
     train(RunConfig.from_flat(options), sink, pool=pool)
     return sink
 
@@ -75,7 +61,7 @@ def baseline_seconds(pool: EnginePool, args: argparse.Namespace, method: str) ->
     return time.perf_counter() - start, tokens
 
 
-def report(method: str, sink: Collect, baseline: tuple[float, int]) -> None:
+def report(method: str, sink: MemorySink, baseline: tuple[float, int]) -> None:
     measured = [s.metrics for s in sink.steps[1:]]
     step_s = float(np.mean([m[mk.time_key("step")] for m in measured]))
     tokens = float(np.mean([m["train/num_tokens"] for m in measured]))

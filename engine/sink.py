@@ -85,3 +85,28 @@ class JsonlSink:
 
     def heartbeat(self, step: int) -> None:
         """A file needs no heartbeat: the foreground process is its own liveness."""
+
+
+class MemorySink:
+    """Keeps everything in lists: for benchmarks, notebooks and tests that read a run back."""
+
+    def __init__(self) -> None:
+        self.steps: list[StepReport] = []
+        self.checkpoints: list[tuple[int, str]] = []
+        self.events: list[tuple[str, str]] = []
+
+    def log_step(self, report: StepReport) -> None:
+        self.steps.append(report)
+
+    def log_checkpoint(self, step: int, path: str) -> None:
+        self.checkpoints.append((step, path))
+
+    def log_event(self, level: str, message: str) -> None:
+        self.events.append((level, message))
+
+    def heartbeat(self, step: int) -> None:
+        """Nothing to keep alive in memory."""
+
+    def series(self, key: str) -> list[tuple[int, float]]:
+        """(step, value) of metric `key` in the order it was reported."""
+        return [(r.step, r.metrics[key]) for r in self.steps if key in r.metrics]

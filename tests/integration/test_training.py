@@ -16,32 +16,12 @@ from engine import metrics as mk
 from engine.backends.pool import EnginePool
 from engine.config import RunConfig
 from engine.paths import data_dir
-from engine.sink import StepReport
+from engine.sink import MemorySink
 from engine.trainer import train
 
 pytestmark = pytest.mark.heavy
 
 CONCISENESS = data_dir() / "conciseness"
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.steps: list[StepReport] = []
-
-    def log_step(self, report: StepReport) -> None:
-        self.steps.append(report)
-
-    def log_checkpoint(self, step: int, path: str) -> None:
-        pass
-
-    def log_event(self, level: str, message: str) -> None:
-        pass
-
-    def heartbeat(self, step: int) -> None:
-        pass
-
-    def series(self, key: str) -> list[tuple[int, float]]:
-        return [(r.step, r.metrics[key]) for r in self.steps if key in r.metrics]
 
 
 @pytest.fixture
@@ -73,7 +53,7 @@ def test_es_on_conciseness_raises_the_mean_reward(pool, tmp_path):
     config = conciseness_config(
         tmp_path, population_size=8, data_batch_size=8, max_steps=3, max_tokens=64,
         eval_file=str(CONCISENESS / "test.parquet"), eval_strategy="steps", eval_steps=3)
-    sink = ListSink()
+    sink = MemorySink()
     train(config, sink, pool=pool)
     evals = dict(sink.series(mk.reward_key(mk.EVAL)))
     print(f"eval reward (minus characters off the target): {evals}")
@@ -86,7 +66,7 @@ def test_es_on_conciseness_raises_the_mean_reward(pool, tmp_path):
 
 def test_learning_rate_zero_saves_the_input_weights(pool, tmp_path, default_model_dir):
     config = conciseness_config(tmp_path, learning_rate=0.0, population_size=2, max_tokens=8)
-    output = train(config, ListSink(), pool=pool)
+    output = train(config, MemorySink(), pool=pool)
     saved = load_file(output / "model.safetensors")
     original = load_file(default_model_dir / "model.safetensors")
     assert saved.keys() == original.keys()
@@ -99,7 +79,7 @@ def test_the_same_seed_twice_gives_identical_metrics(pool, vllm_engine, tmp_path
     runs = []
     for attempt in ("a", "b"):
         vllm_engine.load_master(str(tmp_path / "input"))
-        sink = ListSink()
+        sink = MemorySink()
         train(conciseness_config(tmp_path / attempt, max_steps=2), sink, pool=pool)
         runs.append([untimed(r.metrics) for r in sink.steps])
     assert len(runs[0]) == 2
@@ -109,14 +89,14 @@ def test_the_same_seed_twice_gives_identical_metrics(pool, vllm_engine, tmp_path
 def test_resume_from_a_checkpoint_matches_the_uninterrupted_run(pool, vllm_engine, tmp_path):
     vllm_engine.save_master(str(tmp_path / "input"))
     options = {"max_steps": 2, "save_strategy": "steps", "save_steps": 1}
-    straight = ListSink()
+    straight = MemorySink()
     train(conciseness_config(tmp_path / "straight", **options), straight, pool=pool)
 
     vllm_engine.load_master(str(tmp_path / "input"))
     config = conciseness_config(tmp_path / "stopped", **options)
-    train(config.with_overrides(["max_steps=1"]), ListSink(), pool=pool)
+    train(config.with_overrides(["max_steps=1"]), MemorySink(), pool=pool)
     vllm_engine.load_master(str(tmp_path / "input"))  # the resumed run must not rely on RAM
-    resumed = ListSink()
+    resumed = MemorySink()
     train(config, resumed, pool=pool, resume_from=tmp_path / "stopped" / "out" / "checkpoint-1")
     assert [untimed(r.metrics) for r in resumed.steps] == [untimed(straight.steps[1].metrics)]
 
@@ -124,7 +104,7 @@ def test_resume_from_a_checkpoint_matches_the_uninterrupted_run(pool, vllm_engin
 def test_lbes_step_reports_filters_logprobs_and_correlations(pool, tmp_path):
     config = conciseness_config(tmp_path, method="lbes", n=4, temperature=1.0,
                                 top_k_rewards=1, bottom_k_rewards=1)
-    sink = ListSink()
+    sink = MemorySink()
     train(config, sink, pool=pool)
     (report,) = sink.steps
     assert len(report.samples) == 2 * 4  # every base sample

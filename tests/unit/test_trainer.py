@@ -13,7 +13,7 @@ from engine.backends.base import EvaluationStopped
 from engine.config import RunConfig
 from engine.data.datasets import Example, write_dataset
 from engine.rewards import RewardError
-from engine.sink import StepReport
+from engine.sink import MemorySink
 from engine.trainer import list_checkpoints, train
 
 DIM = 4
@@ -97,28 +97,6 @@ class ToyPool:
         pass
 
 
-class ListSink:
-    def __init__(self) -> None:
-        self.steps: list[StepReport] = []
-        self.checkpoints: list[tuple[int, str]] = []
-        self.events: list[tuple[str, str]] = []
-
-    def log_step(self, report):
-        self.steps.append(report)
-
-    def log_checkpoint(self, step, path):
-        self.checkpoints.append((step, path))
-
-    def log_event(self, level, message):
-        self.events.append((level, message))
-
-    def heartbeat(self, step):
-        pass
-
-    def series(self, key):
-        return [(r.step, r.metrics[key]) for r in self.steps if key in r.metrics]
-
-
 def raising_reward(completion_text: str, **kwargs):
     raise ValueError("boom")
 
@@ -141,7 +119,7 @@ def make_config(dataset, tmp_path, **options):
 
 
 def test_es_on_the_toy_engine_raises_the_eval_reward(dataset, tmp_path):
-    sink = ListSink()
+    sink = MemorySink()
     train(make_config(dataset, tmp_path), sink, pool=ToyPool())
     evals = sink.series(mk.reward_key(mk.EVAL))
     assert [s for s, _ in evals] == [0, 5, 10]  # eval before training, then every 5 steps
@@ -155,17 +133,17 @@ def test_es_on_the_toy_engine_raises_the_eval_reward(dataset, tmp_path):
 
 
 def test_resuming_from_a_checkpoint_gives_the_same_metrics(dataset, tmp_path):
-    straight = ListSink()
+    straight = MemorySink()
     train(make_config(dataset, tmp_path / "a", max_steps=6, save_strategy="steps",
                       save_steps=3), straight, pool=ToyPool())
 
-    first = ListSink()
+    first = MemorySink()
     config = make_config(dataset, tmp_path / "b", max_steps=6, save_strategy="steps",
                          save_steps=3)
     train(config.with_overrides(["max_steps=3"]), first, pool=ToyPool())
     checkpoint = tmp_path / "b" / "out" / "checkpoint-3"
     assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == 3
-    resumed = ListSink()
+    resumed = MemorySink()
     train(config, resumed, pool=ToyPool(), resume_from=checkpoint)
 
     key = mk.reward_key(mk.TRAIN)
@@ -175,7 +153,7 @@ def test_resuming_from_a_checkpoint_gives_the_same_metrics(dataset, tmp_path):
 
 
 def test_save_total_limit_keeps_the_newest_checkpoints(dataset, tmp_path):
-    sink = ListSink()
+    sink = MemorySink()
     train(make_config(dataset, tmp_path, max_steps=5, save_strategy="steps", save_steps=1,
                       save_total_limit=2), sink, pool=ToyPool())
     assert [p.name for p in list_checkpoints(tmp_path / "out")] == ["checkpoint-4",
@@ -186,7 +164,7 @@ def test_save_total_limit_keeps_the_newest_checkpoints(dataset, tmp_path):
 def test_lbes_skips_steps_whose_samples_all_tie_and_gives_up_after_an_epoch(dataset, tmp_path):
     config = make_config(dataset, tmp_path, method="lbes", n=2, temperature=1.0,
                          exclude_same_rewards_samples=True, eval_strategy="no")
-    sink = ListSink()
+    sink = MemorySink()
     with pytest.raises(RuntimeError, match="whole epoch"):
         train(config, sink, pool=ToyPool())
     assert sink.steps == []  # no step advanced: every base sample had the same reward
@@ -196,7 +174,7 @@ def test_lbes_skips_steps_whose_samples_all_tie_and_gives_up_after_an_epoch(data
 def test_lbes_reports_every_base_sample_with_its_filter(dataset, tmp_path):
     config = make_config(dataset, tmp_path, method="lbes", n=2, temperature=1.0,
                          eval_strategy="no", max_steps=1, flat_top_k_rewards=3)
-    sink = ListSink()
+    sink = MemorySink()
     train(config, sink, pool=ToyPool())
     (report,) = sink.steps
     assert len(report.samples) == 4 * 2  # every base sample of the batch
@@ -209,18 +187,18 @@ def test_a_failing_reward_function_stops_the_run_naming_it(dataset, tmp_path):
     config = make_config(dataset, tmp_path,
                          reward_func_path="tests.unit.test_trainer.raising_reward")
     with pytest.raises(RewardError, match="raising_reward raised ValueError: boom"):
-        train(config, ListSink(), pool=ToyPool())
+        train(config, MemorySink(), pool=ToyPool())
 
 
 def test_a_stop_request_saves_a_checkpoint_and_resume_continues(dataset, tmp_path):
     from engine.trainer import TrainingStopped
 
-    sink = ListSink()
+    sink = MemorySink()
     with pytest.raises(TrainingStopped, match="after step 2"):
         train(make_config(dataset, tmp_path, max_steps=4, eval_strategy="no"), sink,
               pool=ToyPool(), should_stop=lambda: len(sink.steps) >= 2)
     assert [s for s, _ in sink.checkpoints] == [2]
-    resumed = ListSink()
+    resumed = MemorySink()
     train(make_config(dataset, tmp_path, max_steps=4, eval_strategy="no"), resumed,
           pool=ToyPool(), resume_from=tmp_path / "out" / "checkpoint-2")
     assert [r.step for r in resumed.steps] == [3, 4]
@@ -230,7 +208,7 @@ def test_a_stop_during_a_step_checkpoints_the_last_finished_step(dataset, tmp_pa
     from engine.trainer import TrainingStopped
 
     calls = iter(range(1000))  # 8 members a step + 1 check after it: stop in step 2
-    sink = ListSink()
+    sink = MemorySink()
     with pytest.raises(TrainingStopped, match="during step 2, checkpoint of step 1"):
         train(make_config(dataset, tmp_path, max_steps=4, eval_strategy="no"), sink,
               pool=ToyPool(), should_stop=lambda: next(calls) >= 12)
