@@ -675,20 +675,21 @@ def _antithetic_even(v: dict[str, Any]) -> Iterator[FieldError]:
                          "antithetic false")
 
 
-@_rule("eval_strategy", "eval_steps")
-def _eval_steps(v: dict[str, Any]) -> Iterator[FieldError]:
-    if v["eval_strategy"] == "steps" and v["eval_steps"] is None:
-        yield FieldError("eval_steps",
-                         "eval.eval_steps must be >= 1 when eval_strategy is 'steps', got None: "
-                         "set eval_steps or use eval_strategy 'epoch' or 'no'")
+def _every_steps_rule(kind: str) -> None:
+    """`<kind>_strategy: steps` needs `<kind>_steps`; the same rule for eval and save."""
+    strategy, steps = f"{kind}_strategy", f"{kind}_steps"
+
+    def check(v: dict[str, Any]) -> Iterator[FieldError]:
+        if v[strategy] == "steps" and v[steps] is None:
+            yield FieldError(steps,
+                             f"eval.{steps} must be >= 1 when {strategy} is 'steps', got None: "
+                             f"set {steps} or use {strategy} 'epoch' or 'no'")
+
+    _rule(strategy, steps)(check)
 
 
-@_rule("save_strategy", "save_steps")
-def _save_steps(v: dict[str, Any]) -> Iterator[FieldError]:
-    if v["save_strategy"] == "steps" and v["save_steps"] is None:
-        yield FieldError("save_steps",
-                         "eval.save_steps must be >= 1 when save_strategy is 'steps', got None: "
-                         "set save_steps or use save_strategy 'epoch' or 'no'")
+_every_steps_rule("eval")
+_every_steps_rule("save")
 
 
 @_rule("eval_strategy", "eval_file")

@@ -88,18 +88,14 @@ if b2.button("Compare", disabled=len(selected) < 2, icon=":material/compare:"):
                    query_params={"runs": ",".join(str(r.id) for r in selected)})
 if b3.button("Clone", disabled=len(selected) != 1, icon=":material/content_copy:"):
     st.switch_page(actions.NEW_PAGE, query_params={"clone": str(selected[0].id)})
-if b4.button("Cancel", disabled=not any(actions.can_cancel(r) for r in selected),
-             icon=":material/stop:"):
-    for r in selected:
-        if actions.can_cancel(r):
-            actions.cancel(store, r.id)
-    st.rerun()
-if b5.button("Resume", disabled=not any(actions.can_resume(r) for r in selected),
-             icon=":material/play_arrow:"):
-    for r in selected:
-        if actions.can_resume(r):
-            actions.resume(store, r.id)
-    st.rerun()
+for column, title, icon, allowed, act in (
+        (b4, "Cancel", ":material/stop:", actions.can_cancel, actions.cancel),
+        (b5, "Resume", ":material/play_arrow:", actions.can_resume, actions.resume)):
+    if column.button(title, disabled=not any(allowed(r) for r in selected), icon=icon):
+        for r in selected:
+            if allowed(r):
+                act(store, r.id)
+        st.rerun()
 if b6.button("Delete", disabled=not selected or not all(actions.can_delete(r) for r in selected),
              icon=":material/delete:"):
     actions.confirm_delete(store, selected)
