@@ -91,8 +91,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"final model in {output}; metrics in {log}")
         return 0
 
-    from jobs.runner import create_foreground_run, execute
+    from jobs.runner import create_foreground_run
+    from jobs.store.status import RunStatus
     from jobs.store.store import Store
+    from jobs.worker import Worker
 
     store = Store()
     run = create_foreground_run(store, config)
@@ -104,16 +106,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         return bars[0]
 
     try:
-        output = execute(store, run, config, with_progress, resume_from=args.resume)
-    except Exception as exc:
+        Worker(store, run.id, foreground=True, resume_from=args.resume,
+               wrap_sink=with_progress).run()
+    finally:
         for bar in bars:
             bar.close()
-        print(f"eslab: run {run.id} failed: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 1
-    for bar in bars:
-        bar.close()
-    print(f"run {run.id} succeeded; final model in {output}")
-    return 0
+    ended = store.get_run(run.id)
+    events = store.events(run.id)
+    last_event = events[-1].message if events else ""
+    if ended.status is RunStatus.SUCCEEDED:
+        print(f"run {run.id} {last_event}")
+        return 0
+    print(f"eslab: run {run.id} {ended.status.value}: {last_event}", file=sys.stderr)
+    return 1 if ended.status is RunStatus.FAILED else 130
 
 
 def cmd_data_countdown(args: argparse.Namespace) -> int:

@@ -101,7 +101,7 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
                 # those of the last finished step, which is what the checkpoint records.
                 if saved != state.global_step:
                     sink.log_checkpoint(state.global_step, str(save_checkpoint(
-                        config, pool, state, output_dir)))
+                        config, pool, state, output_dir, for_resume_only=True)))
                 raise TrainingStopped(f"stopped during step {state.global_step + 1}, "
                                       f"checkpoint of step {state.global_step} saved") from None
             if report is None:
@@ -137,8 +137,8 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
             sink.heartbeat(step)
             if should_stop is not None and step < total_steps and should_stop():
                 if saved != step:
-                    sink.log_checkpoint(step, str(save_checkpoint(config, pool, state,
-                                                                  output_dir)))
+                    sink.log_checkpoint(step, str(save_checkpoint(
+                        config, pool, state, output_dir, for_resume_only=True)))
                 raise TrainingStopped(f"stopped after step {step}, checkpoint saved")
 
         # -- the final model
@@ -325,13 +325,18 @@ def evaluate(config: RunConfig, pool: EnginePool, eval_set: list[Example],
 
 
 def save_checkpoint(config: RunConfig, pool: EnginePool, state: TrainerState,
-                    output_dir: Path) -> Path:
+                    output_dir: Path, *, for_resume_only: bool = False) -> Path:
     """checkpoint-STEP/: the serving weights as a Hugging Face folder, the fp32 master copy
-    for an exact resume, and the trainer state; only save_total_limit are kept."""
+    for an exact resume, and the trainer state; only save_total_limit are kept.
+
+    A stop (cancel) checkpoint is `for_resume_only`: master and state, no Hugging Face
+    folder. Writing that folder takes seconds (3.4 s for the 135M model here) that a cancel
+    should not wait for, and a resume reads only the master."""
     path = output_dir / f"checkpoint-{state.global_step}"
     partial = output_dir / f".checkpoint-{state.global_step}.partial"
     shutil.rmtree(partial, ignore_errors=True)
-    pool.save_hf(str(partial))
+    if not for_resume_only:
+        pool.save_hf(str(partial))
     pool.save_master(str(partial / MASTER_DIR))
     (partial / STATE_FILE).write_text(json.dumps({**asdict(state),
                                                   "config": config.to_flat()}, indent=2))

@@ -206,8 +206,8 @@ class Scheduler:
     def _sync(self, run: RunRecord) -> None:
         sid = run.ray_submission_id
         if sid is None:
-            # Not ours: `eslab train` in the foreground, which heartbeats only once a step and
-            # records its own outcome.
+            # Not ours: `eslab train` in the foreground records its own outcome (and its
+            # heartbeat thread turns a cancel requested here into a stop).
             return
         state = self.ray_jobs.state(sid)
         if run.status is RunStatus.CANCELLING:
