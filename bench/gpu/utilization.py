@@ -71,7 +71,7 @@ def weight_ops(pool: EnginePool, population: int, repeats: int = 10) -> dict[str
     engine = pool._local
     assert engine is not None, "weight_ops needs a pool of one engine"
 
-    def timed(fn) -> float:
+    def timed(fn, n: int = repeats) -> float:
         fn(-1)
         engine.check("es_check_synchronize")
         out = []
@@ -91,6 +91,8 @@ def weight_ops(pool: EnginePool, population: int, repeats: int = 10) -> dict[str
         f"update_{population}": timed(lambda i: engine.update(
             [int(s) for s in rng.integers(0, 2**31, population)],
             [float(c) for c in rng.normal(0.0, 1e-6, population)])),
+        # the pool checks engines agree after every update: part of the trainer's update phase
+        "checksum": timed(lambda i: engine.checksum(), 3),
     }
     return ops
 
@@ -105,6 +107,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--memory", type=float, default=0.5,
+                        help="share of the GPU's memory for all engines of a row together")
     args = parser.parse_args()
 
     import torch
@@ -113,12 +117,15 @@ def main() -> None:
     results = {"model": args.model, "card": card, "population": args.population,
                "prompts": args.prompts, "max_tokens": args.max_tokens, "rows": []}
     common = {"max_model_len": args.max_model_len, "seed": 0}
-    for k in args.engines:
+    # engines in Ray actors free their memory when killed; an in-process engine does not, so
+    # the one-engine row (which also measures the 256-prompt call) runs last
+    for k in sorted(args.engines, reverse=True):
         start = time.perf_counter()
         # an engine of several only ever holds one member's prompts: fewer CUDA graphs
         seqs = BATCH if k == 1 else 4 * args.prompts
+        # an in-process engine does not give all its memory back at shutdown: leave room
         pool = EnginePool(args.model, num_engines=k, engines_per_gpu=k, max_num_seqs=seqs,
-                          **common)
+                          gpu_memory_utilization=args.memory / k, **common)
         started = time.perf_counter() - start
         try:
             if k == 1:
