@@ -37,9 +37,9 @@ HERE = Path(__file__).resolve().parent
 VLLM = "vllm==0.26.0"
 RAY = "ray==2.60.0"
 PIECE_BYTES = 60_000_000
-CALL_BYTES = 62_000_000
+CALL_BYTES = 63_000_000
 """Wheels a device call carries: 64 MiB a call, less the checkout that travels too (about
-0.6 MB) and the code and tokenizer the last call brings (about 4.5 MB)."""
+0.6 MB); the code and tokenizer (about 4.5 MB) go with the fullest call that has room."""
 PLATFORMS = [
     f"manylinux_2_{n}_x86_64" for n in (39, 35, 34, 31, 28, 27, 24, 17)
 ] + ["manylinux2014_x86_64", "manylinux1_x86_64", "linux_x86_64"]
@@ -51,11 +51,18 @@ SKIP = {
         "torch", "torchaudio", "torchvision", "numba", "setuptools",
         # GPU kernel libraries the offline engine (FlashAttention backend, no flashinfer
         # sampler) never imports; together several hundred MB
-        "flashinfer-python", "flashinfer-cubin", "apache-tvm-ffi", "tilelang", "quack-kernels",
+        "flashinfer-python", "flashinfer-cubin", "tilelang", "quack-kernels",
         "tokenspeed-mla", "humming-kernels", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend",
         "PyNvVideoCodec", "torchcodec", "fastsafetensors", "nvidia-cutlass-dsl-libs-base",
         "nvidia-cutlass-dsl-libs-cu13", "cuda-python",
     )
+}
+
+OVERRIDES = {
+    # vLLM pins 0.1.10 for flashinfer (not carried); xgrammar 0.2.8, which vLLM imports at
+    # start, needs >= 0.1.11 (with 0.1.10: "load_lib_module() got an unexpected keyword
+    # argument 'extra_lib_paths'", seen on the GPU machine)
+    "apache-tvm-ffi": ">=0.1.11,<0.2",
 }
 
 # the Python of the GPU image: markers are evaluated for it, not for this machine
@@ -115,6 +122,10 @@ def resolve(roots: list[str], dest: Path) -> list[Path]:
     seen: dict[str, set[str]] = {}
     wheels: dict[str, Path] = {}
     level = [Requirement(r) for r in roots]
+
+    def spec(r: Requirement) -> str:
+        return f"{r.name}{OVERRIDES.get(canonicalize_name(r.name), r.specifier)}"
+
     with ThreadPoolExecutor(8) as pool:
         while level:
             todo: dict[str, Requirement] = {}
@@ -130,7 +141,7 @@ def resolve(roots: list[str], dest: Path) -> list[Path]:
                 todo[name] = req
             fetch = {n: r for n, r in todo.items() if n not in wheels}
             for name, path in zip(fetch, pool.map(
-                    lambda r: download(f"{r.name}{r.specifier}", dest), fetch.values()),
+                    lambda r: download(spec(r), dest), fetch.values()),
                     strict=True):
                 wheels[name] = path
                 print(f"  {path.name} ({path.stat().st_size / 1e6:.1f} MB)", flush=True)
