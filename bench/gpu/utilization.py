@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -34,8 +35,9 @@ from engine.paths import data_dir
 from engine.sink import MemorySink
 from engine.trainer import train
 
-PHASES = ("generation", "perturb", "restore", "reward", "update")
-BATCH = 256
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from table import BATCH, PHASES, print_table
+
 TRAIN_FILE = data_dir() / "conciseness" / "train.parquet"
 
 
@@ -143,27 +145,6 @@ def main() -> None:
         if args.json:  # after every row: a run cut short keeps what it measured
             args.json.write_text(json.dumps(results, indent=1))
     print_table(results)
-
-
-def print_table(r: dict) -> None:
-    base = r.get("batched_tokens_per_s")
-    size = f"{r.get('parameters', 0) / 1e6:.0f}M"
-    print(f"\n{r['card']}: {r['model']} ({size} parameters), population {r['population']}, "
-          f"{r['prompts']} prompts a member, {r['max_tokens']} tokens; one call of {BATCH} "
-          f"prompts: {base:,.0f} tokens/s" if base else "")
-    print(f"{'size':>6} {'mode':<14}{'step s':>8}{'gen s':>8}{'perturb':>8}{'restore':>8}"
-          f"{'reward':>8}{'update':>8}{'tok/s':>9}{'util':>6}")
-    for row in r["rows"]:
-        tps = row[mk.NUM_TOKENS] / row[mk.time_key("step")]
-        mode = "1 engine" if row["engines"] == 1 else f"{row['engines']} engines/GPU"
-        phases = "".join(f"{row[mk.time_key(p)]:>8.2f}" for p in PHASES)
-        util = f"{tps / base:>6.2f}" if base else ""
-        print(f"{size:>6} {mode:<14}{row[mk.time_key('step')]:>8.2f}{phases}{tps:>9,.0f}{util}")
-    ops = r.get("weight_ops_s")
-    if ops:
-        copy = ops["copy"]
-        print("weight operations (median ms, x one plain copy of all weights): " + ", ".join(
-            f"{name} {s * 1e3:.2f} ({s / copy:.1f}x)" for name, s in ops.items()))
 
 
 if __name__ == "__main__":
