@@ -83,6 +83,9 @@ class ModelConfig:
     num_engines: int = _option(
         1, "vLLM engines (one Ray actor each) that evaluate population members in parallel; "
         "they never exchange weights, each replays the same update.", min_value=1)
+    engines_per_gpu: int = _option(
+        1, "Engines that share one GPU (each a process with its own copy of the weights), so "
+        "several members generate at once; they split its memory.", min_value=1)
     gpu_memory_utilization: float | None = _option(
         None, "Share of memory for weights and KV cache; None means 0.9 on a GPU and 0.3 on "
         "the CPU, where it is the share of RAM given to the KV cache.",

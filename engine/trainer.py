@@ -154,7 +154,8 @@ def start_pool(config: RunConfig) -> EnginePool:
     m = config.model
     local = resolve_path(m.model)
     return EnginePool(
-        str(local) if local.exists() else m.model, num_engines=m.num_engines, dtype=m.dtype,
+        str(local) if local.exists() else m.model, num_engines=m.num_engines,
+        engines_per_gpu=m.engines_per_gpu, dtype=m.dtype,
         max_model_len=m.max_model_len, tensor_parallel_size=m.tensor_parallel_size,
         gpu_memory_utilization=m.gpu_memory_utilization, max_num_seqs=m.max_num_seqs,
         # False leaves the platform's choice (eager on the CPU, CUDA graphs on a GPU).
