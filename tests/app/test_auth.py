@@ -239,3 +239,12 @@ def test_yaml_file_written_by_hand_with_a_hash_loads(tmp_path):
     hashed = auth.hash_password("pw-pw-pw-pw")
     path.write_text(yaml.safe_dump({"users": {"a": {"role": "viewer", "password": hashed}}}))
     assert auth.load_users(path)["a"].role == "viewer"
+
+
+def test_serve_refuses_a_malformed_auth_file_before_starting(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "users.toml"
+    path.write_text("users = 3")
+    monkeypatch.setenv(auth.ENV, str(path))
+    assert main(["serve", "--port", "1"]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "must hold a mapping" in err
