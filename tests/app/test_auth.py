@@ -191,13 +191,19 @@ def act(run_id: int, dataset: str, output_dir: str) -> None:
     actions.launch(store, config)
 
 
-def test_the_action_functions_refuse_a_viewer(store, dataset, tmp_path):
+def act_as(user: auth.User, store: Store, dataset: Path, tmp_path: Path):
+    """(AppTest, run) after `user` called every action on the running alpha-run."""
     run = store.search_runs(text="alpha")[0][0]
     at = AppTest.from_function(act, args=(run.id, str(dataset), str(tmp_path / "o")),
                                default_timeout=TIMEOUT)
-    at.session_state[auth.SESSION_KEY] = VIEWER
+    at.session_state[auth.SESSION_KEY] = user
     at.run()
     assert not at.exception
+    return at, run
+
+
+def test_the_action_functions_refuse_a_viewer(store, dataset, tmp_path):
+    at, run = act_as(VIEWER, store, dataset, tmp_path)
     errors = [e.value for e in at.error]
     assert errors == [f"vi is a viewer: only editors may {a} runs"
                       for a in ("cancel", "resume", "delete", "launch")]
@@ -206,12 +212,7 @@ def test_the_action_functions_refuse_a_viewer(store, dataset, tmp_path):
 
 
 def test_the_action_functions_let_an_editor_act(store, dataset, tmp_path):
-    run = store.search_runs(text="alpha")[0][0]
-    at = AppTest.from_function(act, args=(run.id, str(dataset), str(tmp_path / "o")),
-                               default_timeout=TIMEOUT)
-    at.session_state[auth.SESSION_KEY] = EDITOR
-    at.run()
-    assert not at.exception
+    at, run = act_as(EDITOR, store, dataset, tmp_path)
     assert store.get_run(run.id).status is RunStatus.CANCELLING
     # resume and delete were refused by the run's status (it is not finished), not the role
     assert all("only editors" not in e.value for e in at.error)

@@ -19,7 +19,7 @@ from engine import metrics as mk
 from engine.sink import StepReport
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
-from tests.app.browser import CHROMIUM, CHROMIUM_ARGS, free_port, playwright_or_skip, shots_folder
+from tests.app.browser import free_port, playwright_or_skip, shots_folder
 
 APP = Path(__file__).resolve().parents[2] / "app" / "main.py"
 playwright_api = playwright_or_skip()
@@ -67,14 +67,6 @@ def server(seeded_url, tmp_path_factory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture

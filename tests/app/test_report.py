@@ -11,7 +11,7 @@ import pytest
 from app.cli import main
 from app.report import run_report
 from jobs.store.store import Store
-from tests.app.browser import CHROMIUM, CHROMIUM_ARGS, shots_folder
+from tests.app.browser import shots_folder
 
 
 @pytest.fixture
@@ -45,27 +45,19 @@ def test_export_html_command(seeded_url, monkeypatch, tmp_path, capsys):
     assert f"to {out}" in capsys.readouterr().err
 
 
-def test_report_renders_offline_in_chromium(store, tmp_path):
-    from tests.app.browser import playwright_or_skip
-
-    api = playwright_or_skip()
+def test_report_renders_offline_in_chromium(store, browser, tmp_path):
     path = tmp_path / "report.html"
     path.write_text(run_report(store, 1))
     requests: list[str] = []
-    with api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(offline=True, viewport={"width": 1200,
-                                                                  "height": 900})
-            context.on("request", lambda r: requests.append(r.url))
-            page = context.new_page()
-            page.goto(path.as_uri())
-            charts = page.locator(".chart svg")
-            assert charts.count() == 6
-            box = charts.first.bounding_box()
-            assert box and box["width"] > 300 and box["height"] > 200
-            assert page.locator(".chart svg path").count() > 10  # lines and bands drawn
-            page.screenshot(path=shots_folder(tmp_path) / "report.png", full_page=True)
-        finally:
-            browser.close()
+    context = browser.new_context(offline=True, viewport={"width": 1200, "height": 900})
+    context.on("request", lambda r: requests.append(r.url))
+    page = context.new_page()
+    page.goto(path.as_uri())
+    charts = page.locator(".chart svg")
+    assert charts.count() == 6
+    box = charts.first.bounding_box()
+    assert box and box["width"] > 300 and box["height"] > 200
+    assert page.locator(".chart svg path").count() > 10  # lines and bands drawn
+    page.screenshot(path=shots_folder(tmp_path) / "report.png", full_page=True)
+    context.close()
     assert requests == [path.as_uri()]  # nothing but the file itself
