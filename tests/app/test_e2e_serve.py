@@ -127,18 +127,23 @@ def metric(page, label: str) -> str:
     return card.locator("[data-testid='stMetricValue']").inner_text().strip()
 
 
-def watch_run(page, deadline_s: float) -> list[str]:
-    """Statuses the Run page showed, in order, until the run ended."""
-    seen: list[str] = []
+def charts_on(page) -> int:
+    return page.locator("[data-testid='stVegaLiteChart']").count()
+
+
+def watch_run(page, deadline_s: float) -> list[tuple[str, int]]:
+    """(status, charts drawn) each time either changed on the Run page, until the run
+    ended: the page is only watched, never reloaded."""
+    seen: list[tuple[str, int]] = []
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
-        status = metric(page, "Status")
-        if not seen or seen[-1] != status:
-            seen.append(status)
-        if RunStatus(status).is_terminal():
+        now = (metric(page, "Status"), charts_on(page))
+        if not seen or seen[-1] != now:
+            seen.append(now)
+        if RunStatus(now[0]).is_terminal():
             return seen
         time.sleep(0.5)
-    pytest.fail(f"the run did not end within {deadline_s:.0f} s; statuses seen: {seen}")
+    pytest.fail(f"the run did not end within {deadline_s:.0f} s; seen: {seen}")
 
 
 def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
@@ -164,11 +169,14 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
     page.get_by_role("heading", name="e2e-a").wait_for(timeout=60_000)
     assert "/run?run=1" in page.url
     page.get_by_role("button", name="Cancel").wait_for(timeout=30_000)  # an editor may
-    statuses = watch_run(page, RUN_DEADLINE_S)
-    assert statuses[-1] == "succeeded", (statuses, (tmp / "serve.log").read_text()[-3000:])
-    assert "running" in statuses
+    seen = watch_run(page, RUN_DEADLINE_S)
+    print("run page:", seen)
+    statuses = list(dict.fromkeys(status for status, _ in seen))
+    assert statuses == ["queued", "running", "succeeded"], \
+        (seen, (tmp / "serve.log").read_text()[-3000:])
+    assert seen[0][1] == 0  # no chart before the first step ...
     page.get_by_text("population fitness per step").first.wait_for(timeout=30_000)
-    assert page.locator("[data-testid='stVegaLiteChart']").count() >= 5
+    assert charts_on(page) >= 7  # ... then population, rewards, schedules, phases
     assert metric(page, "Step") == "2 / 2"
     assert page.evaluate("window.eslabMarker") == "no reload"
     store = Store(db_url)
@@ -188,6 +196,9 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
     shared = login(browser, page.url, "ed")
     shared.get_by_role("heading", name="e2e-a").wait_for(timeout=30_000)
     shared.get_by_role("tab", name="Samples", selected=True).wait_for(timeout=30_000)
+    shared.get_by_text("population fitness per step").first.wait_for(timeout=30_000)
+    shared.get_by_text("samples at step 2").wait_for(timeout=30_000)
+    shared.locator("[data-testid='stDataFrame'] canvas").last.wait_for(timeout=30_000)
     shared.screenshot(path=shots / "e2e-shared-url.png", full_page=True)
 
     # A second run: a clone of the first, queued from the prefilled form.
@@ -197,8 +208,17 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
     fill(page, "run_name", "e2e-b")
     page.get_by_role("button", name="Queue run").click()
     page.get_by_role("heading", name="e2e-b").wait_for(timeout=60_000)
-    assert watch_run(page, RUN_DEADLINE_S)[-1] == "succeeded"
+    # Meanwhile the Runs page, left open, refreshes itself until no run is live.
+    runs = login(browser, f"{base}/", "ed")
+    refreshing = runs.get_by_text("refreshing every 5 s")
+    refreshing.wait_for(timeout=30_000)
+    runs.evaluate("window.eslabMarker = 'no reload'")
+    assert watch_run(page, RUN_DEADLINE_S)[-1][0] == "succeeded"
     assert page.evaluate("window.eslabMarker") == "no reload"
+    refreshing.wait_for(state="detached", timeout=30_000)
+    runs.get_by_text("2 runs · page 1 of 1").wait_for(timeout=30_000)
+    assert runs.evaluate("window.eslabMarker") == "no reload"
+    runs.screenshot(path=shots / "e2e-runs.png", full_page=True)
 
     page.goto(f"{base}/compare?runs=1,2")  # a new session: log in again
     log_in(page, "ed")
