@@ -175,8 +175,9 @@ def test_viewer_sees_no_action_buttons(store):
     assert next(b for b in at.button if b.label == "Queue run").disabled
 
 
-def act(run_id: int, dataset: str, output_dir: str) -> None:
-    """Calls every action function directly, as a page (or a forged button) would."""
+def act(run_id: int, dataset: str, output_dir: str, clone: bool) -> None:
+    """Calls every action function directly, as a page (or a forged button) would (clone
+    last: for an editor it leaves this one-page script)."""
     from app import actions
     from app.state import get_store
     from engine.config import RunConfig
@@ -189,12 +190,15 @@ def act(run_id: int, dataset: str, output_dir: str) -> None:
         "method": "es", "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "train_file": dataset,
         "output_dir": output_dir, "reward_func_path": "engine.rewards.conciseness.compute_score"})
     actions.launch(store, config)
+    if clone:
+        actions.clone(run_id)
 
 
 def act_as(user: auth.User, store: Store, dataset: Path, tmp_path: Path):
     """(AppTest, run) after `user` called every action on the running alpha-run."""
     run = store.search_runs(text="alpha")[0][0]
-    at = AppTest.from_function(act, args=(run.id, str(dataset), str(tmp_path / "o")),
+    at = AppTest.from_function(act, args=(run.id, str(dataset), str(tmp_path / "o"),
+                                          not user.is_editor),
                                default_timeout=TIMEOUT)
     at.session_state[auth.SESSION_KEY] = user
     at.run()
@@ -206,7 +210,7 @@ def test_the_action_functions_refuse_a_viewer(store, dataset, tmp_path):
     at, run = act_as(VIEWER, store, dataset, tmp_path)
     errors = [e.value for e in at.error]
     assert errors == [f"vi is a viewer: only editors may {a} runs"
-                      for a in ("cancel", "resume", "delete", "launch")]
+                      for a in ("cancel", "resume", "delete", "launch", "clone")]
     assert store.get_run(run.id).status is RunStatus.RUNNING
     assert store.count_runs() == 2
 
