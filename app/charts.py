@@ -73,9 +73,10 @@ def population_chart(points: pd.DataFrame, summary: pd.DataFrame) -> alt.Chart:
     band = alt.Chart(summary).mark_area(opacity=0.2).encode(
         x=x_axis(), y=alt.Y("min:Q", title="fitness"), y2="max:Q")
     mean = alt.Chart(summary).mark_line(color="black").encode(x="step:Q", y="mean:Q")
-    dots = alt.Chart(points).mark_circle(size=12, opacity=0.5).encode(
+    dots = alt.Chart(points).mark_circle(size=30, opacity=0.6).encode(
         x="step:Q", y="fitness:Q", tooltip=["step", "member", "fitness"])
-    return alt.layer(band, dots, mean).properties(title="population fitness per step",
+    # the members on top: under the mean line they would hide
+    return alt.layer(band, mean, dots).properties(title="population fitness per step",
                                                   height=260)
 
 
