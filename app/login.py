@@ -33,7 +33,7 @@ def login_gate() -> auth.User | None:
         if user is None:
             st.error("Unknown user name or wrong password.")
         else:
-            st.session_state[auth.SESSION_KEY] = user
+            st.session_state[auth.SESSION_KEY] = auth.User(user.name, user.role)  # no hash
             st.rerun()
     if not users:
         st.warning(f"{path} has no users yet: add one with `eslab users add NAME --role "

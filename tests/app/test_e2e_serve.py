@@ -117,6 +117,7 @@ def choose(page, label: str, option: str) -> None:
 
 
 def expand_all(page) -> None:
+    page.locator("[data-testid='stExpander']").last.wait_for(timeout=30_000)
     closed = page.locator("[data-testid='stExpander'] details:not([open]) summary")
     while closed.count():  # the list shrinks as each one opens
         closed.first.click()
@@ -204,7 +205,11 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
     # A second run: a clone of the first, queued from the prefilled form.
     page.get_by_role("button", name="Clone").click()
     page.get_by_text("Cloning run 1").wait_for(timeout=30_000)
+    settle(page)
     expand_all(page)
+    name = page.get_by_label("run_name", exact=True)
+    name.wait_for(timeout=30_000)
+    assert name.input_value().startswith("e2e-a-clone-")  # prefilled from run 1
     fill(page, "run_name", "e2e-b")
     page.get_by_role("button", name="Queue run").click()
     page.get_by_role("heading", name="e2e-b").wait_for(timeout=60_000)
