@@ -41,8 +41,10 @@ def ema(values: Sequence[float] | pd.Series, smoothing: float) -> pd.Series:
 
 
 def x_axis(x: str = "step") -> alt.X:
-    """Steps are whole numbers: no 1.05 ticks; wall time stays continuous."""
-    axis = alt.Axis(tickMinStep=1, format="d") if x == "step" else alt.Axis()
+    """Steps are whole numbers: no 1.05 ticks; wall time stays continuous. The labelExpr
+    blanks fractional ticks where a renderer ignores tickMinStep (vl-convert's does)."""
+    axis = (alt.Axis(tickMinStep=1, format="d", labelExpr="datum.value % 1 ? '' : datum.label")
+            if x == "step" else alt.Axis())
     return alt.X(f"{x}:Q", title=x.replace("_", " "), axis=axis)
 
 
