@@ -145,9 +145,12 @@ def cmd_data_conciseness(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Ray (local head or RAY_ADDRESS), the scheduler and the dashboard (jobs/service.py)."""
+    from app.auth import auth_path, load_users
     from jobs.scheduler import SchedulerSettings
     from jobs.service import ServiceError, serve
 
+    if (path := auth_path()) is not None:  # a bad auth file stops serve before Ray starts
+        print(f"logins required: {len(load_users(path))} user(s) in {path}", flush=True)
     overrides = {}
     if args.max_concurrent_runs is not None:
         overrides["max_concurrent_runs"] = args.max_concurrent_runs
@@ -276,6 +279,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     store = Store()
     try:
+        if args.format == "html":
+            return _export_html(store, args)
         exported = store.export_run(args.run)
     finally:
         store.close()
@@ -303,6 +308,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_html(store, args: argparse.Namespace) -> int:
+    """One self-contained .html file (charts as inline SVG, no script, no network)."""
+    from app.report import run_report
+
+    run = store.get_run(args.run)
+    out = Path(args.out or f"{run.name}.html")
+    out.write_text(run_report(store, run.id), encoding="utf-8")
+    print(f"wrote the report of run {run.id} to {out}", file=sys.stderr)
+    return 0
+
+
 def _plain(record: dict) -> dict:
     return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in record.items()}
 
@@ -318,6 +334,53 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
                              for k, v in row.items()})
 
 
+def _auth_file(args: argparse.Namespace) -> Path:
+    from app.auth import ENV, AuthError, auth_path
+
+    path = Path(args.file) if args.file else auth_path()
+    if path is None:
+        raise AuthError(f"no auth file: pass --file PATH or set {ENV}")
+    return path
+
+
+def cmd_users_add(args: argparse.Namespace) -> int:
+    """Add a user (or replace their role and password); the password is read without echo,
+    or from the first line of stdin with --password-stdin, and only its hash is stored."""
+    import getpass
+
+    from app.auth import add_user
+
+    path = _auth_file(args)
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        password = getpass.getpass(f"password for {args.name}: ")
+        if getpass.getpass("again: ") != password:
+            print("eslab: error: the passwords differ; nothing changed", file=sys.stderr)
+            return 2
+    user = add_user(path, args.name, args.role, password)
+    print(f"{user.name} ({user.role}) saved in {path}")
+    return 0
+
+
+def cmd_users_list(args: argparse.Namespace) -> int:
+    from app.auth import load_users
+
+    path = _auth_file(args)
+    for user in load_users(path).values():
+        print(f"{user.name}\t{user.role}")
+    return 0
+
+
+def cmd_users_remove(args: argparse.Namespace) -> int:
+    from app.auth import remove_user
+
+    path = _auth_file(args)
+    remove_user(path, args.name)
+    print(f"{args.name} removed from {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eslab",
@@ -327,7 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser(
         "serve", help="start Ray, the scheduler and the dashboard on http://127.0.0.1:8501")
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to bind: 127.0.0.1 (default) is this machine only; "
+                       "0.0.0.0 shares the dashboard (set ESLAB_AUTH_FILE for logins)")
     serve.add_argument("--port", type=int, default=DASHBOARD_PORT)
     serve.add_argument("--max-concurrent-runs", type=int, metavar="N",
                        help="runs at once (default: ESLAB_MAX_CONCURRENT_RUNS or 1)")
@@ -356,9 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
     clone.set_defaults(func=cmd_clone)
     export = commands.add_parser("export", help="a run's metrics, population and samples")
     export.add_argument("run", help="run id or uuid (prefix)")
-    export.add_argument("--format", choices=("csv", "json"), default="json")
+    export.add_argument("--format", choices=("csv", "json", "html"), default="json")
     export.add_argument("--out", help="json: file (default stdout); csv: folder "
-                        "(default NAME-export/)")
+                        "(default NAME-export/); html: file (default NAME.html)")
     export.set_defaults(func=cmd_export)
 
     train = commands.add_parser(
@@ -409,15 +474,31 @@ def build_parser() -> argparse.ArgumentParser:
     db_cmds.add_parser("current", help="show the current migration").set_defaults(
         func=cmd_db_current
     )
+    users = commands.add_parser(
+        "users", help="dashboard logins (ESLAB_AUTH_FILE): viewers look, editors act")
+    users.add_argument("--file", help="auth file, YAML or .toml (default: $ESLAB_AUTH_FILE)")
+    users_cmds = users.add_subparsers(dest="users_command", required=True, metavar="ACTION")
+    users_add = users_cmds.add_parser("add", help="add a user or change their role/password")
+    users_add.add_argument("name")
+    users_add.add_argument("--role", choices=("viewer", "editor"), required=True)
+    users_add.add_argument("--password-stdin", action="store_true",
+                           help="read the password from stdin instead of asking")
+    users_add.set_defaults(func=cmd_users_add)
+    users_cmds.add_parser("list", help="names and roles").set_defaults(func=cmd_users_list)
+    users_remove = users_cmds.add_parser("remove", help="delete a user")
+    users_remove.add_argument("name")
+    users_remove.set_defaults(func=cmd_users_remove)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
+    from app.auth import AuthError
+
     try:
         return func(args)
-    except USER_ERRORS as exc:
+    except (*USER_ERRORS, AuthError) as exc:
         # Driver messages span lines; a user gets one line that names what and what to run.
         print(f"eslab: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
