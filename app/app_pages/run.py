@@ -96,6 +96,10 @@ with ckpt_tab:
             st.download_button("Download as .tar", lambda: exports.folder_tar(chosen.path),
                                f"run-{run.id}-step-{chosen.step}.tar", "application/x-tar",
                                icon=":material/download:")
+            if not (resolve_path(chosen.path) / "config.json").is_file():
+                st.caption("A cancel's checkpoint: the fp32 master weights and the trainer "
+                           "state, what `eslab resume` needs, without the Hugging Face "
+                           "folder (the final model has it).")
     else:
         st.info("No checkpoints yet.")
 with export_tab:
