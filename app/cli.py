@@ -16,12 +16,15 @@ from engine.config import ConfigError, RunConfig
 from engine.data.datasets import DatasetError
 from engine.model_files import ModelError
 from engine.rewards import RewardError
+from engine.scoring.client import ScorerError
+from engine.scoring.models import ScoringModelError
 from engine.sink import Sink
 from jobs.store.errors import StoreError
 
 DASHBOARD_PORT = 8501
 USER_ERRORS: tuple[type[Exception], ...] = (
-    ConfigError, DatasetError, ModelError, RewardError, StoreError)
+    ConfigError, DatasetError, ModelError, RewardError, StoreError, ScorerError,
+    ScoringModelError)
 
 
 def cmd_model_fetch_default(args: argparse.Namespace) -> int:
@@ -313,6 +316,47 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
                              for k, v in row.items()})
 
 
+def cmd_scorer_serve(args: argparse.Namespace) -> int:
+    from engine.scoring.service import serve
+
+    serve(args.reward_model, args.cost_model, host=args.host, port=args.port,
+          batch_size=args.batch_size, max_length=args.max_length)
+    return 0
+
+
+def cmd_scorer_train_default(args: argparse.Namespace) -> int:
+    from engine.scoring.default import train_default_scorers
+
+    train_default_scorers(Path(args.out) if args.out else None, epochs=args.epochs)
+    return 0
+
+
+def add_scorer_commands(commands: argparse._SubParsersAction) -> None:
+    """`eslab scorer serve | train-default`: the alignment scorer service (engine/scoring)."""
+    from engine.scoring.default import default_scorer_dir
+
+    scorer = commands.add_parser("scorer", help="the alignment reward/cost scorer service")
+    scorer_cmds = scorer.add_subparsers(dest="scorer_command", required=True, metavar="ACTION")
+    serve = scorer_cmds.add_parser(
+        "serve", help="serve GET /health and POST /score_batch {prompts, responses}")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--reward-model", default=str(default_scorer_dir() / "reward"),
+                       help="Hugging Face sequence-classification folder (default: the "
+                       "`train-default` reward model)")
+    serve.add_argument("--cost-model", default=str(default_scorer_dir() / "cost"),
+                       help="Hugging Face sequence-classification folder; cost > 0 is unsafe")
+    serve.add_argument("--batch-size", type=int, default=32, help="pairs per forward pass")
+    serve.add_argument("--max-length", type=int, default=256, help="tokens per pair")
+    serve.set_defaults(func=cmd_scorer_serve)
+    train = scorer_cmds.add_parser(
+        "train-default", help="fine-tune the offline MiniLM reward and cost models (CPU)")
+    train.add_argument("--epochs", type=int, default=4)
+    train.add_argument("--out", help="folder for reward/ and cost/ (default "
+                       f"{default_scorer_dir()})")
+    train.set_defaults(func=cmd_scorer_train_default)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eslab",
@@ -404,6 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     db_cmds.add_parser("current", help="show the current migration").set_defaults(
         func=cmd_db_current
     )
+    add_scorer_commands(commands)
     return parser
 
 
