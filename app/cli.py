@@ -351,7 +351,7 @@ def add_scorer_commands(commands: argparse._SubParsersAction) -> None:
     serve.set_defaults(func=cmd_scorer_serve)
     train = scorer_cmds.add_parser(
         "train-default", help="fine-tune the offline MiniLM reward and cost models (CPU)")
-    train.add_argument("--epochs", type=int, default=4)
+    train.add_argument("--epochs", type=int, default=3)
     train.add_argument("--out", help="folder for reward/ and cost/ (default "
                        f"{default_scorer_dir()})")
     train.set_defaults(func=cmd_scorer_train_default)
@@ -403,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser(
         "train", help="train in the foreground (no Ray) with a progress bar, recorded in the db")
     train.add_argument("config", help="YAML file of option: value pairs, or a preset name "
-                       "(es-conciseness, es-countdown, lbes-countdown)")
+                       "(es-alignment, es-conciseness, es-countdown, lbes-countdown)")
     train.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                        help="override an option of the file (repeatable)")
     train.add_argument("--resume", metavar="CHECKPOINT", help="continue from checkpoint-STEP/")

@@ -11,6 +11,7 @@ model (score = log-odds of label 1, so cost > 0 means "leans harmful").
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -31,7 +32,13 @@ SCORERS = {"reward": "helpfulness", "cost": "harmfulness"}
 
 
 def default_scorer_dir() -> Path:
-    return data_dir() / "models" / "scorers"
+    """data/models/scorers, or ESLAB_SCORER_DIR (e.g. a shared disk, or a test's copy)."""
+    return Path(os.environ.get("ESLAB_SCORER_DIR", data_dir() / "models" / "scorers"))
+
+
+def default_scorers_ready(folder: Path | None = None) -> bool:
+    folder = folder or default_scorer_dir()
+    return all((folder / name / "config.json").is_file() for name in SCORERS)
 
 
 def fetch_base_model(target: Path, log: Callable[[str], None] = print) -> Path:
@@ -87,7 +94,7 @@ def train_classifier(base: Path, train_rows: list[dict], test_rows: list[dict], 
 
     def encode(rows: list[dict]) -> dict:
         return tokenizer([r["prompt"] for r in rows], [r["response"] for r in rows],
-                         padding=True, truncation=True, max_length=128, return_tensors="pt")
+                         padding=True, truncation=True, max_length=64, return_tensors="pt")
 
     model.train()
     for _ in range(epochs):
@@ -112,7 +119,7 @@ def train_classifier(base: Path, train_rows: list[dict], test_rows: list[dict], 
     return accuracy(train_rows), accuracy(test_rows)
 
 
-def train_default_scorers(out_dir: Path | None = None, *, epochs: int = 4,
+def train_default_scorers(out_dir: Path | None = None, *, epochs: int = 3,
                           data: Path = SCORER_DATA_DIR,
                           log: Callable[[str], None] = print) -> list[TrainResult]:
     """out_dir/reward and out_dir/cost from the shipped sets; prints held-out accuracy."""

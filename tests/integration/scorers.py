@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.jobs.conftest import free_port
@@ -33,9 +34,20 @@ def tiny_checkpoint(folder: Path, num_labels: int, seed: int) -> Path:
     return folder
 
 
+@dataclass
+class Scorer:
+    url: str
+    server: object  # uvicorn.Server
+    thread: threading.Thread
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
 @contextmanager
-def running_scorer(reward_model: Path, cost_model: Path) -> Iterator[str]:
-    """The real scorer app under uvicorn on 127.0.0.1; yields its URL, stops on exit."""
+def running_scorer(reward_model: Path, cost_model: Path) -> Iterator[Scorer]:
+    """The real scorer app under uvicorn on 127.0.0.1 (a thread); stops on exit."""
     import uvicorn
 
     from engine.scoring.models import ScoringModel
@@ -53,11 +65,11 @@ def running_scorer(reward_model: Path, cost_model: Path) -> Iterator[str]:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the scorer did not start")
         time.sleep(0.05)
+    scorer = Scorer(f"http://127.0.0.1:{port}", server, thread)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield scorer
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+        scorer.stop()
 
 
 Handler = Callable[[dict], tuple[int, bytes]]

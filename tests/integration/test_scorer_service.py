@@ -19,8 +19,8 @@ RESPONSES = ["the cake is safe", "sorry", "i can help", "water is water"]
 def scorer_url(tmp_path_factory):
     root = tmp_path_factory.mktemp("scorers")
     with running_scorer(tiny_checkpoint(root / "reward", num_labels=1, seed=0),
-                        tiny_checkpoint(root / "cost", num_labels=2, seed=1)) as url:
-        yield url
+                        tiny_checkpoint(root / "cost", num_labels=2, seed=1)) as scorer:
+        yield scorer.url
 
 
 def test_health_and_scores_match_the_models(scorer_url, tmp_path):
