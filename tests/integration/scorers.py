@@ -84,10 +84,13 @@ def stub_scorer(answer: Handler, delay_s: float = 0.0) -> Iterator[str]:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             time.sleep(delay_s)
             status, payload = answer(body)
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+            except BrokenPipeError:
+                pass  # the client gave up first (the timeout test)
 
         def log_message(self, *args: object) -> None:
             """Quiet."""

@@ -48,7 +48,7 @@ def alignment_config(tmp_path: Path, url: str, **options) -> RunConfig:
 def test_lambda_follows_the_cost_of_the_unperturbed_model(pool, default_scorer,  # noqa: F811
                                                           tmp_path, threshold):
     # d = -20 puts every cost above the threshold (the scorer's log-odds are far smaller),
-    # so lambda must rise; with d = 0 it follows the sign of the model's mean cost.
+    # so lambda must rise (to the clip at 10); with d = 0 it follows the model's mean cost.
     sink = MemorySink()
     train(alignment_config(tmp_path, default_scorer.url, cost_threshold_d=threshold), sink,
           pool=pool)
@@ -59,9 +59,10 @@ def test_lambda_follows_the_cost_of_the_unperturbed_model(pool, default_scorer, 
               f"J_C {m[mk.JC_RAW]:+.3f} (smoothed {m[mk.JC_SMOOTHED]:+.3f}), reward "
               f"{m[mk.reward_key(mk.TRAIN)]:+.3f}, cost {m[mk.reward_key(mk.TRAIN, 'cost')]:+.3f}"
               f", safe {m[mk.SAFE_RATIO]:.2f}")
-        # ln(lambda) moved by lambda_lr * J: up when the cost is above d = 0, down below it
-        assert math.log(m[mk.LAMBDA_NEXT] / m[mk.LAMBDA]) == pytest.approx(
-            0.2 * m[mk.JC_SMOOTHED], rel=1e-6, abs=1e-9)
+        # ln(lambda) moved by lambda_lr * J (up when the cost is above d, down below it),
+        # then clipped to [lambda_min, lambda_max] = [1e-4, 10]
+        moved = min(max(m[mk.LAMBDA] * math.exp(0.2 * m[mk.JC_SMOOTHED]), 1e-4), 10.0)
+        assert m[mk.LAMBDA_NEXT] == pytest.approx(moved, rel=1e-9)
         assert abs(m[mk.JC_SMOOTHED]) > 1e-6  # the scorer's costs are never exactly zero
         assert 0.0 <= m[mk.SAFE_RATIO] <= 1.0
         assert len(report.population) == 4
@@ -74,7 +75,7 @@ def test_lambda_follows_the_cost_of_the_unperturbed_model(pool, default_scorer, 
     lambdas = [r.metrics[mk.LAMBDA] for r in sink.steps]
     assert lambdas[0] == 1.0
     if threshold < 0:
-        assert lambdas == sorted(lambdas) and lambdas[-1] > 1.0
+        assert lambdas == sorted(lambdas) and lambdas[-1] == 10.0
     for before, after in zip(sink.steps, sink.steps[1:], strict=False):
         assert after.metrics[mk.LAMBDA] == before.metrics[mk.LAMBDA_NEXT]  # effective next step
 
