@@ -47,7 +47,7 @@ def aligned(seeded_url, dataset, tmp_path, monkeypatch):
 
 
 def test_alignment_tab_draws_lambda_costs_scatter_and_best_of_n(aligned):
-    store, run = aligned
+    _, run = aligned
     at = page("app_pages/run.py", run=str(run.id))
     assert not at.exception
     charts = [c.proto.spec for c in at.get("vega_lite_chart")]
