@@ -2,7 +2,8 @@
 `{rewards, costs}` (the reference's endpoints), served by uvicorn.
 
 Requests are validated (two lists of strings of one length, at most MAX_ITEMS) before any
-model runs; each model scores a request in micro-batches of `batch_size` pairs.
+model runs; requests that arrive together are merged (engine/scoring/batcher.py) and scored
+in micro-batches of `batch_size` pairs.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from engine.scoring.batcher import RequestBatcher
 from engine.scoring.models import ScoringModel
 
 MAX_ITEMS = 4096
@@ -28,15 +30,18 @@ class ScoreResponse(BaseModel):
     costs: list[float]
 
 
-def create_app(reward: ScoringModel, cost: ScoringModel) -> Any:
-    """The FastAPI application around a loaded reward and cost model."""
+def create_app(reward: ScoringModel, cost: ScoringModel, max_wait_s: float = 0.01) -> Any:
+    """The FastAPI application around a loaded reward and cost model; requests arriving
+    within `max_wait_s` of each other share forward passes (RequestBatcher)."""
     from fastapi import FastAPI, HTTPException
 
     app = FastAPI(title="ES Lab scorer")
+    batcher = RequestBatcher(reward, cost, max_wait_s=max_wait_s, max_items=MAX_ITEMS)
 
     @app.get("/health")
-    def health() -> dict[str, str]:
-        return {"status": "ok", "reward_model": reward.path, "cost_model": cost.path}
+    def health() -> dict[str, Any]:
+        return {"status": "ok", "reward_model": reward.path, "cost_model": cost.path,
+                "requests": batcher.requests, "rounds": batcher.rounds}
 
     @app.post("/score_batch", response_model=ScoreResponse)
     def score_batch(request: ScoreRequest) -> ScoreResponse:
@@ -47,8 +52,8 @@ def create_app(reward: ScoringModel, cost: ScoringModel) -> Any:
         if len(request.prompts) > MAX_ITEMS:
             raise HTTPException(413, f"at most {MAX_ITEMS} pairs per request, got "
                                      f"{len(request.prompts)}: split the batch")
-        return ScoreResponse(rewards=reward.score(request.prompts, request.responses),
-                             costs=cost.score(request.prompts, request.responses))
+        rewards, costs = batcher.score(request.prompts, request.responses)
+        return ScoreResponse(rewards=rewards, costs=costs)
 
     return app
 

@@ -46,7 +46,8 @@ class Scorer:
 
 
 @contextmanager
-def running_scorer(reward_model: Path, cost_model: Path) -> Iterator[Scorer]:
+def running_scorer(reward_model: Path, cost_model: Path,
+                   max_wait_s: float = 0.01) -> Iterator[Scorer]:
     """The real scorer app under uvicorn on 127.0.0.1 (a thread); stops on exit."""
     import uvicorn
 
@@ -54,7 +55,7 @@ def running_scorer(reward_model: Path, cost_model: Path) -> Iterator[Scorer]:
     from engine.scoring.service import create_app
 
     app = create_app(ScoringModel(reward_model, batch_size=4),
-                     ScoringModel(cost_model, batch_size=4))
+                     ScoringModel(cost_model, batch_size=4), max_wait_s=max_wait_s)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            log_level="warning"))

@@ -19,7 +19,8 @@ RESPONSES = ["the cake is safe", "sorry", "i can help", "water is water"]
 def scorer_url(tmp_path_factory):
     root = tmp_path_factory.mktemp("scorers")
     with running_scorer(tiny_checkpoint(root / "reward", num_labels=1, seed=0),
-                        tiny_checkpoint(root / "cost", num_labels=2, seed=1)) as scorer:
+                        tiny_checkpoint(root / "cost", num_labels=2, seed=1),
+                        max_wait_s=0.2) as scorer:
         yield scorer.url
 
 
@@ -36,6 +37,24 @@ def test_health_and_scores_match_the_models(scorer_url, tmp_path):
     np.testing.assert_allclose(rewards, local_reward, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(costs, local_cost, rtol=1e-5, atol=1e-6)
     assert len(set(np.round(rewards, 6))) > 1  # the scores depend on the text
+
+
+def test_concurrent_requests_share_forward_passes_and_get_their_own_answers(scorer_url):
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = ScorerClient(scorer_url, batch_size=1)
+    alone = [client.score([p], [r]) for p, r in zip(PROMPTS, RESPONSES, strict=True)]
+    before = client.health()
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        together = list(pool.map(lambda pr: client.score([pr[0]], [pr[1]]),
+                                 zip(PROMPTS, RESPONSES, strict=True)))
+    after = client.health()
+    for (r1, c1), (r2, c2) in zip(alone, together, strict=True):
+        # padding to a longer batch changes float rounding only
+        np.testing.assert_allclose(r1, r2, atol=1e-4)
+        np.testing.assert_allclose(c1, c2, atol=1e-4)
+    assert after["requests"] - before["requests"] == len(PROMPTS)
+    assert after["rounds"] - before["rounds"] < len(PROMPTS)  # some requests were merged
 
 
 def test_the_prompt_changes_the_score_of_the_same_response(scorer_url):
