@@ -874,3 +874,12 @@ def _lambda_range(v: dict[str, Any]) -> Iterator[FieldError]:
     if v["lambda_min"] > v["lambda_max"]:
         yield FieldError("lambda_min", f"alignment.lambda_min must be <= lambda_max "
                                        f"({v['lambda_max']:g}), got {v['lambda_min']:g}")
+
+
+@_rule("macro_advantage", "scorer_url")
+def _macro_with_cost(v: dict[str, Any]) -> Iterator[FieldError]:
+    # macro_advantage shapes per-sample rewards and would ignore the cost term entirely.
+    if v["macro_advantage"] and v["scorer_url"] is not None:
+        yield FieldError("macro_advantage", "es.macro_advantage cannot be combined with "
+                                            "alignment.scorer_url: it shapes rewards per sample "
+                                            "and would ignore lambda * cost; set it false")

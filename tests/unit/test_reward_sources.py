@@ -76,6 +76,10 @@ def test_config_rules_for_sources():
         config(reward_source="ensemble", ensemble_members=CONCISE)
     with pytest.raises(ConfigError, match=r"reward\.reward_func_path is required"):
         config()
+    with pytest.raises(ConfigError, match="would ignore lambda"):
+        config(reward_source="scorer", scorer_url="http://x", macro_advantage=True)
+    with pytest.raises(ConfigError, match="lambda_min must be <= lambda_max"):
+        config(reward_func_path=CONCISE, lambda_min=2.0, lambda_max=1.0)
     with pytest.raises(ConfigError, match="only applies to method 'es'"):
         config(method="lbes", n=2, temperature=1.0, reward_func_path=CONCISE,
                scorer_url="http://x")
