@@ -80,6 +80,27 @@ def test_lambda_follows_the_cost_of_the_unperturbed_model(pool, default_scorer, 
         assert after.metrics[mk.LAMBDA] == before.metrics[mk.LAMBDA_NEXT]  # effective next step
 
 
+def test_resume_continues_with_the_checkpointed_lambda(pool, vllm_engine,  # noqa: F811
+                                                      default_scorer, tmp_path):
+    """Stopped after step 1 and resumed, step 2 is the uninterrupted run's step 2: same
+    lambda, same J_C average, same metrics."""
+    from tests.integration.test_training import untimed
+
+    vllm_engine.save_master(str(tmp_path / "input"))
+    options = {"max_steps": 2, "save_strategy": "steps", "save_steps": 1}
+    straight = MemorySink()
+    train(alignment_config(tmp_path / "straight", default_scorer.url, **options), straight,
+          pool=pool)
+    vllm_engine.load_master(str(tmp_path / "input"))
+    config = alignment_config(tmp_path / "stopped", default_scorer.url, **options)
+    train(config.with_overrides(["max_steps=1"]), MemorySink(), pool=pool)
+    vllm_engine.load_master(str(tmp_path / "input"))
+    resumed = MemorySink()
+    train(config, resumed, pool=pool, resume_from=tmp_path / "stopped" / "out" / "checkpoint-1")
+    assert resumed.steps[0].metrics[mk.LAMBDA] == straight.steps[0].metrics[mk.LAMBDA_NEXT] != 1.0
+    assert [untimed(r.metrics) for r in resumed.steps] == [untimed(straight.steps[1].metrics)]
+
+
 def test_a_scorer_stopped_mid_run_fails_the_run_naming_it(pool, tmp_path):  # noqa: F811
     from tests.integration.scorers import tiny_checkpoint
 
