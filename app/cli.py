@@ -12,16 +12,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from engine.config import ConfigError, RunConfig
+from engine.config import ConfigError, FieldError, RunConfig
 from engine.data.datasets import DatasetError
 from engine.model_files import ModelError
 from engine.rewards import RewardError
+from engine.scoring.client import ScorerError
+from engine.scoring.models import ScoringModelError
 from engine.sink import Sink
 from jobs.store.errors import StoreError
 
 DASHBOARD_PORT = 8501
 USER_ERRORS: tuple[type[Exception], ...] = (
-    ConfigError, DatasetError, ModelError, RewardError, StoreError)
+    ConfigError, DatasetError, ModelError, RewardError, StoreError, ScorerError,
+    ScoringModelError)
 
 
 def cmd_model_fetch_default(args: argparse.Namespace) -> int:
@@ -381,6 +384,95 @@ def cmd_users_remove(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scorer_serve(args: argparse.Namespace) -> int:
+    from engine.scoring.service import serve
+
+    serve(args.reward_model, args.cost_model, host=args.host, port=args.port,
+          batch_size=args.batch_size, max_length=args.max_length)
+    return 0
+
+
+def cmd_scorer_train_default(args: argparse.Namespace) -> int:
+    from engine.scoring.default import train_default_scorers
+
+    train_default_scorers(Path(args.out) if args.out else None, epochs=args.epochs)
+    return 0
+
+
+def _checkpoint_of(run_or_path: str) -> Path:
+    """A checkpoint folder as given, or the latest checkpoint of a run (id or uuid prefix)."""
+    if Path(run_or_path).is_dir():
+        return Path(run_or_path)
+    from jobs.store.store import Store
+
+    checkpoints = Store().checkpoints(run_or_path)
+    if not checkpoints:
+        raise StoreError(f"run {run_or_path} has no checkpoint: set save_strategy, or pass a "
+                         "checkpoint-STEP folder")
+    return Path(checkpoints[-1].path)
+
+
+def cmd_bon(args: argparse.Namespace) -> int:
+    from engine.bon_eval import evaluate_best_of_n, write_points
+
+    try:
+        ns = sorted({int(n) for n in args.n.split(",")})
+    except ValueError:
+        raise ConfigError([FieldError("n", f"--n must be comma-separated integers, got "
+                                           f"{args.n!r}")]) from None
+    checkpoint = _checkpoint_of(args.run)
+    points = evaluate_best_of_n(checkpoint, args.gold, ns, proxy=args.proxy,
+                                samples=args.samples, max_prompts=args.prompts)
+    out = write_points(points, Path(args.out) if args.out else checkpoint / "bon.json")
+    print(f"{'n':>6} {'proxy':>10} {'gold':>10}")
+    for p in points:
+        print(f"{p.n:>6} {p.proxy_score:>10.4f} {p.gold_score:>10.4f}")
+    print(f"best-of-n results in {out}")
+    return 0
+
+
+def add_bon_command(commands: argparse._SubParsersAction) -> None:
+    bon = commands.add_parser(
+        "bon", help="best-of-n evaluation of a checkpoint: proxy vs gold score as n grows")
+    bon.add_argument("run", help="run id or uuid (prefix; its latest checkpoint), or a "
+                     "checkpoint-STEP folder")
+    bon.add_argument("--gold", required=True, help="gold reward: a reward function dotted "
+                     "path, `scorer` (the run's scorer_url) or a scorer URL")
+    bon.add_argument("--proxy", default="run", help="proxy reward (default: the run's own)")
+    bon.add_argument("--n", default="1,2,4,8", help="comma-separated n values")
+    bon.add_argument("--samples", type=int, help="answers per prompt N (default: largest n)")
+    bon.add_argument("--prompts", type=int, default=16, help="prompts of the eval set")
+    bon.add_argument("--out", help="JSON [{n, proxy_score, gold_score}] (default "
+                     "CHECKPOINT/bon.json)")
+    bon.set_defaults(func=cmd_bon)
+
+
+def add_scorer_commands(commands: argparse._SubParsersAction) -> None:
+    """`eslab scorer serve | train-default`: the alignment scorer service (engine/scoring)."""
+    from engine.scoring.default import default_scorer_dir
+
+    scorer = commands.add_parser("scorer", help="the alignment reward/cost scorer service")
+    scorer_cmds = scorer.add_subparsers(dest="scorer_command", required=True, metavar="ACTION")
+    serve = scorer_cmds.add_parser(
+        "serve", help="serve GET /health and POST /score_batch {prompts, responses}")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--reward-model", default=str(default_scorer_dir() / "reward"),
+                       help="Hugging Face sequence-classification folder (default: the "
+                       "`train-default` reward model)")
+    serve.add_argument("--cost-model", default=str(default_scorer_dir() / "cost"),
+                       help="Hugging Face sequence-classification folder; cost > 0 is unsafe")
+    serve.add_argument("--batch-size", type=int, default=32, help="pairs per forward pass")
+    serve.add_argument("--max-length", type=int, default=256, help="tokens per pair")
+    serve.set_defaults(func=cmd_scorer_serve)
+    train = scorer_cmds.add_parser(
+        "train-default", help="fine-tune the offline MiniLM reward and cost models (CPU)")
+    train.add_argument("--epochs", type=int, default=3)
+    train.add_argument("--out", help="folder for reward/ and cost/ (default "
+                       f"{default_scorer_dir()})")
+    train.set_defaults(func=cmd_scorer_train_default)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eslab",
@@ -429,7 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser(
         "train", help="train in the foreground (no Ray) with a progress bar, recorded in the db")
     train.add_argument("config", help="YAML file of option: value pairs, or a preset name "
-                       "(es-conciseness, es-countdown, lbes-countdown)")
+                       "(es-alignment, es-conciseness, es-countdown, lbes-countdown)")
     train.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                        help="override an option of the file (repeatable)")
     train.add_argument("--resume", metavar="CHECKPOINT", help="continue from checkpoint-STEP/")
@@ -488,6 +580,8 @@ def build_parser() -> argparse.ArgumentParser:
     users_remove = users_cmds.add_parser("remove", help="delete a user")
     users_remove.add_argument("name")
     users_remove.set_defaults(func=cmd_users_remove)
+    add_scorer_commands(commands)
+    add_bon_command(commands)
     return parser
 
 

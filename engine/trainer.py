@@ -13,6 +13,7 @@ The trainer reports only through a Sink and touches weights only through an Engi
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from engine import metrics as mk
+from engine.aligner import Aligner
 from engine.backends.base import EvaluationStopped
 from engine.backends.pool import EnginePool
 from engine.batches import Batches, Position
@@ -35,6 +37,7 @@ from engine.model_files import check_model_dir
 from engine.noise import derive_seed
 from engine.paths import resolve_path
 from engine.schedules import schedule_value
+from engine.scoring.sources import RewardSources
 from engine.sink import PopulationRecord, SampleRecord, Sink, StepReport
 from engine.tasks import CompletionLogprobs, GenerateAndScore, SamplingSpec, ScoredBatch
 
@@ -54,6 +57,7 @@ class TrainerState:
     global_step: int = 0
     epoch: int = 0
     batch: int = 0
+    alignment: dict | None = None  # Aligner.snapshot(): lambda and its J_C average
 
     @property
     def position(self) -> Position:
@@ -80,6 +84,7 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
         if resume_from is not None:
             state = load_checkpoint(Path(resume_from), pool)
             sink.log_event("info", f"resumed from {resume_from} at step {state.global_step}")
+        aligner = Aligner.for_run(config, state.alignment)
         evaluating = config.eval.eval_strategy != "no"
         if evaluating and config.eval.eval_before_train and state.global_step == 0:
             sink.log_step(evaluate(config, pool, eval_set, step=0))
@@ -93,6 +98,8 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
             position, epoch_ended = batches.advance(state.position)
             noise_std, learning_rate = current_schedules(config, state.global_step, total_steps)
             step_fn = es_step if config.method == "es" else lbes_step
+            if aligner is not None:
+                step_fn = functools.partial(es_step, aligner=aligner)
             try:
                 report = step_fn(config, pool, examples, state.global_step, noise_std,
                                  learning_rate, stop=should_stop)
@@ -115,7 +122,8 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
                                        "filters; loosen top_k_* / exclude_same_rewards_samples")
                 continue
             steps_without_progress = 0
-            state = TrainerState(state.global_step + 1, position.epoch, position.batch)
+            state = TrainerState(state.global_step + 1, position.epoch, position.batch,
+                                 aligner.snapshot() if aligner is not None else None)
             step = state.global_step
             report.metrics.update({mk.NOISE_STD: noise_std, mk.LEARNING_RATE: learning_rate,
                                    mk.EPOCH: position.epoch + position.batch / batches.per_epoch})
@@ -191,14 +199,23 @@ def _due(strategy: str, every: int | None, step: int, epoch_ended: bool, total: 
 
 def es_step(config: RunConfig, pool: EnginePool, examples: list[Example], step: int,
             noise_std: float, learning_rate: float,
-            stop: Callable[[], bool] | None = None) -> StepReport:
+            stop: Callable[[], bool] | None = None,
+            aligner: Aligner | None = None) -> StepReport:
     members = population(config.data.seed, step, config.es.population_size,
                          config.es.antithetic)
     task = generate_task(config, examples, step, description=f"step {step + 1}")
     results: list[ScoredBatch] = pool.evaluate(
         [(m.seed, m.sign * noise_std) for m in members], task, stop=stop)
 
-    fitness = np.array([r.fitness for r in results])  # [N]
+    mean_rewards = np.array([r.fitness for r in results])  # [N]
+    fitness = aligner.fitness(results) if aligner is not None else mean_rewards
+    alignment_metrics, base_samples = {}, []
+    if aligner is not None:
+        # The unperturbed model on the same prompts, before the update (as the reference).
+        base = task(pool)
+        alignment_metrics = {**aligner.adapt(base),
+                             **aligner.population_metrics(results, fitness)}
+        base_samples = _samples(mk.TRAIN, examples, base, member=None)
     if config.es.macro_advantage:
         shaped = macro_shape_fitness(config.es.fitness_shaping,
                                      np.stack([r.rewards for r in results]))
@@ -207,7 +224,8 @@ def es_step(config: RunConfig, pool: EnginePool, examples: list[Example], step: 
     update_seconds = apply_update(pool, members, shaped, learning_rate, noise_std)
 
     metrics = {
-        **_stats(mk.TRAIN, "reward", fitness),
+        **_stats(mk.TRAIN, "reward", mean_rewards),
+        **alignment_metrics,
         **_part_means(mk.TRAIN, results),
         **_completion_metrics(mk.TRAIN, results),
         **phase_timings(pool),
@@ -217,9 +235,11 @@ def es_step(config: RunConfig, pool: EnginePool, examples: list[Example], step: 
     }
     best, worst = int(np.argmax(fitness)), int(np.argmin(fitness))
     samples = [s for i in dict.fromkeys((best, worst))
-               for s in _samples(mk.TRAIN, examples, results[i], member=i)]
-    return StepReport(step=step + 1, metrics=metrics, population=_population(members, fitness,
-                      shaped), samples=samples)
+               for s in _samples(mk.TRAIN, examples, results[i], member=i)] + base_samples
+    records = _population(members, fitness, shaped)
+    if aligner is not None:
+        records = aligner.with_scores(records, results)
+    return StepReport(step=step + 1, metrics=metrics, population=records, samples=samples)
 
 
 def generate_task(config: RunConfig, examples: list[Example], step: int, *,
@@ -232,7 +252,8 @@ def generate_task(config: RunConfig, examples: list[Example], step: int, *,
     return GenerateAndScore(prompts=[e.prompt for e in examples],
                             reward_func_args=[e.reward_func_args for e in examples],
                             reward_func_path=config.reward.reward_func_path,
-                            sampling=sampling, description=description)
+                            sampling=sampling, description=description,
+                            sources=RewardSources.from_config(config))
 
 
 def apply_update(pool: EnginePool, members: list[Member], shaped: np.ndarray,
@@ -315,7 +336,7 @@ def evaluate(config: RunConfig, pool: EnginePool, eval_set: list[Example],
         reward_func_path=config.reward.reward_func_path,
         sampling=SamplingSpec(n=1, temperature=0.0, max_tokens=config.sampling.max_tokens,
                               seed=config.data.seed),
-        description=f"evaluation at step {step}")
+        description=f"evaluation at step {step}", sources=RewardSources.from_config(config))
     result = task(pool)
     metrics = {**_stats(mk.EVAL, "reward", result.rewards.reshape(-1)),
                **_part_means(mk.EVAL, [result]),
@@ -360,7 +381,7 @@ def load_checkpoint(path: Path, pool: EnginePool) -> TrainerState:
     data = json.loads(state_file.read_text())
     pool.load_master(str(path / MASTER_DIR))
     return TrainerState(global_step=data["global_step"], epoch=data["epoch"],
-                        batch=data["batch"])
+                        batch=data["batch"], alignment=data.get("alignment"))
 
 
 # ---------------------------------------------------------------------------- reporting
@@ -428,7 +449,10 @@ def plan_total_steps(config: RunConfig) -> int:
     its number of steps, so a bad run is refused before anything is stored or started."""
     from engine.rewards import load_reward_function
 
-    load_reward_function(config.reward.reward_func_path)
+    sources = RewardSources.from_config(config)
+    for path in [config.reward.reward_func_path, *(sources.members if sources else ())]:
+        if path is not None and "." in path and not path.startswith(("http://", "https://")):
+            load_reward_function(path)
     model = resolve_path(config.model.model)
     if model.exists() or config.model.model.startswith((".", "/", "data/")):
         check_model_dir(model)

@@ -5,6 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from app import actions, exports, report, run_charts
+from app.alignment_view import alignment_view
 from app.samples_view import lbes_view, samples_table
 from app.state import get_store
 from app.views import duration, elapsed, eta, param, set_param, smoothing_param
@@ -68,9 +69,9 @@ def live_charts() -> None:
 
 st.fragment(run_every=refresh)(live_charts)()
 
-config_tab, samples_tab, lbes_tab, events_tab, ckpt_tab, export_tab = st.tabs(
-    ["Configuration", "Samples", "LBES", "Events", "Checkpoints", "Export"], key="tab",
-    bind="query-params")
+config_tab, samples_tab, lbes_tab, align_tab, events_tab, ckpt_tab, export_tab = st.tabs(
+    ["Configuration", "Samples", "LBES", "Alignment", "Events", "Checkpoints", "Export"],
+    key="tab", bind="query-params")
 with config_tab:
     st.dataframe(pd.DataFrame({"option": list(run.config),
                                "value": [str(v) for v in run.config.values()]}),
@@ -79,6 +80,8 @@ with samples_tab:
     samples_table(store, run, "run_samples")
 with lbes_tab:
     lbes_view(store, run)
+with align_tab:
+    alignment_view(store, run)
 with events_tab:
     events = store.events(run.id)
     if events:
