@@ -24,12 +24,18 @@ pytestmark = pytest.mark.heavy
 CONCISENESS = data_dir() / "conciseness"
 
 
-@pytest.fixture
-def pool(vllm_engine, tmp_path_factory):
+@pytest.fixture(scope="module")
+def initial_master(vllm_engine, tmp_path_factory) -> Path:
+    """The input model's fp32 master, saved once (514 MB) for every test to go back to."""
     initial = tmp_path_factory.mktemp("initial-master")
     vllm_engine.save_master(str(initial))
+    return initial
+
+
+@pytest.fixture
+def pool(vllm_engine, initial_master):
     yield EnginePool.wrap(vllm_engine)
-    vllm_engine.load_master(str(initial))
+    vllm_engine.load_master(str(initial_master))
 
 
 def conciseness_config(tmp_path: Path, **options) -> RunConfig:
