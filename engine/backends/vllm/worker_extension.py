@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.backends.vllm import cpu_weights, lora_engine
+from engine.backends.vllm import cpu_lora, cpu_weights, lora_engine
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 # vLLM imports this module while it creates the worker, before the model loads: the only
 # moment at which the CPU backend's weight packing can be replaced by live weights.
 cpu_weights.install_live_cpu_gemm()
+# Multi-LoRA (perturbation: lora) on the CPU: grouped kernels instead of per-token copies.
+cpu_lora.install_grouped_cpu_lora()
 
 MASTER_FILE = "master.safetensors"
 
