@@ -61,3 +61,14 @@ def test_install_points_the_cpu_punica_wrapper_at_the_grouped_kernels():
     assert cpu_lora.install_grouped_cpu_lora()
     assert punica_cpu.sgmv_shrink is cpu_lora.sgmv_shrink
     assert punica_cpu.bgmv_expand_slice is cpu_lora.bgmv_expand_slice
+
+
+def test_a_reused_plan_follows_indices_changed_in_place():
+    x, a, _, _ = _case(tokens=4)
+    indices = torch.tensor([0, 1, 2, 3])
+    first = cpu_lora.lora_matmul(x, a, indices)
+    indices[:] = torch.tensor([3, 3, -1, 0])  # the same tensor, new values (next step)
+    second = cpu_lora.lora_matmul(x, a, indices)
+    torch.testing.assert_close(first[0], x[0] @ a[0, 0].T)
+    torch.testing.assert_close(second[0], x[0] @ a[3, 0].T)
+    assert torch.count_nonzero(second[2]) == 0

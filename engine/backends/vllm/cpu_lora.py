@@ -17,46 +17,84 @@ cpu_weights; on GPUs vLLM uses its own kernels and nothing changes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-if TYPE_CHECKING:
+import torch
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Where each token goes: tokens with an adapter sorted by adapter (`order`), their row
+    in the padded [adapters, rows, features] batch (`slots`), and the adapters."""
+
+    order: torch.Tensor  # [T'] token positions
+    slots: torch.Tensor  # [T'] group * rows + row within the group
+    adapters: torch.Tensor  # [G]
+    rows: int
+
+
+_last_plan: tuple[tuple[torch.Tensor, ...], _Plan | None] | None = None
+
+
+def _plan(*key: torch.Tensor) -> _Plan | None:
+    """The plan of per-token adapter indices (`key`: the token indices, or the sequences'
+    indices and lengths); every layer of a forward pass asks with the same values, so the
+    last plan is kept and reused while the values are equal (compared, never assumed)."""
     import torch
 
-_INSTALLED = False
+    global _last_plan
+    if _last_plan is not None and len(_last_plan[0]) == len(key) and all(
+            a.shape == b.shape and torch.equal(a, b) for a, b in zip(_last_plan[0], key,
+                                                                       strict=True)):
+        return _last_plan[1]
+    indices = key[0] if len(key) == 1 else torch.repeat_interleave(key[0], key[1])
+    tokens = torch.nonzero(indices >= 0).flatten()
+    plan = None
+    if tokens.numel():
+        order = tokens[torch.argsort(indices[tokens], stable=True)]
+        adapters, counts = torch.unique_consecutive(indices[order], return_counts=True)
+        group = torch.repeat_interleave(torch.arange(adapters.numel()), counts)
+        starts = torch.cumsum(counts, 0) - counts
+        rows = int(counts.max())
+        slots = group * rows + torch.arange(order.numel()) - starts[group]
+        plan = _Plan(order, slots, adapters, rows)
+    _last_plan = (tuple(k.clone() for k in key), plan)
+    return plan
 
 
 def lora_matmul(inputs: torch.Tensor, weights: torch.Tensor,
-                indices: torch.Tensor) -> torch.Tensor:
-    """out[t] = inputs[t] @ weights[indices[t]].T, zeros where indices[t] < 0; in the
-    weights' dtype. weights: [L, out, in] or [L, 1, out, in]; inputs [T, in]."""
-    import torch
-
+                *key: torch.Tensor) -> torch.Tensor:
+    """out[t] = inputs[t] @ weights[index[t]].T, zeros where index[t] < 0, in the weights'
+    dtype; weights [L, out, in] or [L, 1, out, in], inputs [T, in]; `key` gives the token
+    indices, or the sequences' indices and lengths (see _plan)."""
     if weights.dim() == 4:
         weights = weights.squeeze(1)
     inputs = inputs.to(weights.dtype)
     out = inputs.new_zeros(inputs.shape[0], weights.shape[1])
-    tokens = torch.nonzero(indices >= 0).flatten()
-    if tokens.numel() == 0:
+    plan = _plan(*key)
+    if plan is None:
         return out
-    order = tokens[torch.argsort(indices[tokens], stable=True)]  # [T'] by adapter
-    adapters, counts = torch.unique_consecutive(indices[order], return_counts=True)
-    group = torch.repeat_interleave(torch.arange(adapters.numel()), counts)  # [T']
-    starts = torch.cumsum(counts, 0) - counts
-    position = torch.arange(order.numel()) - starts[group]  # [T'] row within its group
-    padded = inputs.new_zeros(adapters.numel(), int(counts.max()), inputs.shape[1])
-    padded[group, position] = inputs[order]
-    products = torch.bmm(padded, weights[adapters].transpose(1, 2))  # [G, rows, out]
-    out[order] = products[group, position]
+    groups, width = plan.adapters.numel(), inputs.shape[1]
+    padded = inputs.new_zeros(groups * plan.rows, width)
+    padded.index_copy_(0, plan.slots, inputs.index_select(0, plan.order))
+    products = torch.bmm(padded.view(groups, plan.rows, width),
+                         weights.index_select(0, plan.adapters).transpose(1, 2))
+    out.index_copy_(0, plan.order, products.view(groups * plan.rows, -1).index_select(
+        0, plan.slots))
     return out
 
 
-def bgmv_shrink(inputs, lora_weights, output_tensor, lora_indices_tensor, scaling=1.0):
-    out = lora_matmul(inputs, lora_weights.to(output_tensor.dtype), lora_indices_tensor)
+def bgmv_shrink(inputs, lora_weights, output_tensor, lora_indices_tensor, scaling=1.0,
+                *, key=None):
+    key = key or (lora_indices_tensor,)
+    out = lora_matmul(inputs, lora_weights.to(output_tensor.dtype), *key)
     output_tensor[:, : out.shape[1]] = scaling * out
 
 
-def bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_inputs=True):
-    out = lora_matmul(inputs, lora_b_weights.to(output_tensor.dtype), lora_indices_tensor)
+def bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_inputs=True,
+                *, key=None):
+    key = key or (lora_indices_tensor,)
+    out = lora_matmul(inputs, lora_b_weights.to(output_tensor.dtype), *key)
     limit = 1 if out.shape[0] == 1 and output_tensor.shape[0] != 1 else output_tensor.shape[0]
     common = min(out.shape[1], output_tensor.shape[1])  # padding may differ
     if add_inputs:
@@ -66,8 +104,9 @@ def bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_
 
 
 def bgmv_expand_slice(inputs, lora_b_weights, output_tensor, lora_indices_tensor,
-                      slice_offset, slice_size, add_inputs=True):
-    out = lora_matmul(inputs, lora_b_weights.to(output_tensor.dtype), lora_indices_tensor)
+                      slice_offset, slice_size, add_inputs=True, *, key=None):
+    key = key or (lora_indices_tensor,)
+    out = lora_matmul(inputs, lora_b_weights.to(output_tensor.dtype), *key)
     target = output_tensor[:, slice_offset:slice_offset + slice_size]
     if add_inputs:
         target += out
@@ -75,30 +114,23 @@ def bgmv_expand_slice(inputs, lora_b_weights, output_tensor, lora_indices_tensor
         target.copy_(out)
 
 
-def _per_token(lora_indices_tensor, seq_len_tensor):
-    import torch
-
-    return torch.repeat_interleave(lora_indices_tensor, seq_len_tensor)
-
-
 def sgmv_shrink(inputs, lora_a_weights, output_tensor, b_seq_start_loc, seq_len_tensor,
                 lora_indices_tensor, batches, max_seq_length, token_nums, scaling):
-    bgmv_shrink(inputs, lora_a_weights, output_tensor,
-                _per_token(lora_indices_tensor, seq_len_tensor), scaling)
+    bgmv_shrink(inputs, lora_a_weights, output_tensor, None, scaling,
+                key=(lora_indices_tensor, seq_len_tensor))
 
 
 def sgmv_expand(inputs, lora_b_weights, output_tensor, b_seq_start_loc, seq_len_tensor,
                 lora_indices_tensor, batches, max_seq_length, token_nums, add_inputs=False):
-    bgmv_expand(inputs, lora_b_weights, output_tensor,
-                _per_token(lora_indices_tensor, seq_len_tensor), add_inputs)
+    bgmv_expand(inputs, lora_b_weights, output_tensor, None, add_inputs,
+                key=(lora_indices_tensor, seq_len_tensor))
 
 
 def sgmv_expand_slice(inputs, lora_b_weights, output_tensor, b_seq_start_loc, seq_len_tensor,
                       lora_indices_tensor, batches, max_seq_length, token_nums, slice_offset,
                       slice_size, add_inputs=False):
-    bgmv_expand_slice(inputs, lora_b_weights, output_tensor,
-                      _per_token(lora_indices_tensor, seq_len_tensor), slice_offset,
-                      slice_size, add_inputs)
+    bgmv_expand_slice(inputs, lora_b_weights, output_tensor, None, slice_offset, slice_size,
+                      add_inputs, key=(lora_indices_tensor, seq_len_tensor))
 
 
 _REPLACED = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand",
@@ -106,11 +138,9 @@ _REPLACED = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "
 
 
 def install_grouped_cpu_lora() -> bool:
-    """Point vLLM's CPU punica wrapper at the grouped kernels (idempotent). Returns whether
-    they are in place (False where this vLLM has no CPU punica wrapper)."""
-    global _INSTALLED
-    if _INSTALLED:
-        return True
+    """Point vLLM's CPU punica wrapper at the grouped kernels (idempotent: setting the same
+    functions again changes nothing). Returns whether they are in place (False where this
+    vLLM has no CPU punica wrapper with these names)."""
     try:
         from vllm.lora.punica_wrapper import punica_cpu
     except ImportError:
@@ -119,5 +149,4 @@ def install_grouped_cpu_lora() -> bool:
         return False
     for name in _REPLACED:
         setattr(punica_cpu, name, globals()[name])
-    _INSTALLED = True
     return True
