@@ -62,14 +62,16 @@ def _plan(*key: torch.Tensor) -> _Plan | None:
     return plan
 
 
-def lora_matmul(inputs: torch.Tensor, weights: torch.Tensor,
-                *key: torch.Tensor) -> torch.Tensor:
-    """out[t] = inputs[t] @ weights[index[t]].T, zeros where index[t] < 0, in the weights'
-    dtype; weights [L, out, in] or [L, 1, out, in], inputs [T, in]; `key` gives the token
-    indices, or the sequences' indices and lengths (see _plan)."""
+def lora_matmul(inputs: torch.Tensor, weights: torch.Tensor, *key: torch.Tensor,
+                dtype: torch.dtype | None = None) -> torch.Tensor:
+    """out[t] = inputs[t] @ weights[index[t]].T, zeros where index[t] < 0, computed in
+    `dtype` (default: the weights'); weights [L, out, in] or [L, 1, out, in], inputs [T, in];
+    `key` gives the token indices, or the sequences' indices and lengths (see _plan). Only
+    the adapters in use are converted, never the whole stacked buffer."""
     if weights.dim() == 4:
         weights = weights.squeeze(1)
-    inputs = inputs.to(weights.dtype)
+    dtype = dtype or weights.dtype
+    inputs = inputs.to(dtype)
     out = inputs.new_zeros(inputs.shape[0], weights.shape[1])
     plan = _plan(*key)
     if plan is None:
@@ -78,7 +80,7 @@ def lora_matmul(inputs: torch.Tensor, weights: torch.Tensor,
     padded = inputs.new_zeros(groups * plan.rows, width)
     padded.index_copy_(0, plan.slots, inputs.index_select(0, plan.order))
     products = torch.bmm(padded.view(groups, plan.rows, width),
-                         weights.index_select(0, plan.adapters).transpose(1, 2))
+                         weights.index_select(0, plan.adapters).to(dtype).transpose(1, 2))
     out.index_copy_(0, plan.order, products.view(groups * plan.rows, -1).index_select(
         0, plan.slots))
     return out
@@ -87,14 +89,14 @@ def lora_matmul(inputs: torch.Tensor, weights: torch.Tensor,
 def bgmv_shrink(inputs, lora_weights, output_tensor, lora_indices_tensor, scaling=1.0,
                 *, key=None):
     key = key or (lora_indices_tensor,)
-    out = lora_matmul(inputs, lora_weights.to(output_tensor.dtype), *key)
+    out = lora_matmul(inputs, lora_weights, *key, dtype=output_tensor.dtype)
     output_tensor[:, : out.shape[1]] = scaling * out
 
 
 def bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_inputs=True,
                 *, key=None):
     key = key or (lora_indices_tensor,)
-    out = lora_matmul(inputs, lora_b_weights.to(output_tensor.dtype), *key)
+    out = lora_matmul(inputs, lora_b_weights, *key, dtype=output_tensor.dtype)
     limit = 1 if out.shape[0] == 1 and output_tensor.shape[0] != 1 else output_tensor.shape[0]
     common = min(out.shape[1], output_tensor.shape[1])  # padding may differ
     if add_inputs:
@@ -106,7 +108,7 @@ def bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_
 def bgmv_expand_slice(inputs, lora_b_weights, output_tensor, lora_indices_tensor,
                       slice_offset, slice_size, add_inputs=True, *, key=None):
     key = key or (lora_indices_tensor,)
-    out = lora_matmul(inputs, lora_b_weights.to(output_tensor.dtype), *key)
+    out = lora_matmul(inputs, lora_b_weights, *key, dtype=output_tensor.dtype)
     target = output_tensor[:, slice_offset:slice_offset + slice_size]
     if add_inputs:
         target += out
