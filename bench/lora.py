@@ -3,12 +3,13 @@ evaluated per second and time per ES iteration for each mode and population size
 mode's efficiency against pure batched generation by the base model.
 
     .venv/bin/python bench/lora.py [--populations 8 32 128] [--prompts 4] [--max-tokens 32]
-                                   [--steps 1] [--rank 4] [--modes full lora]
+                                   [--steps 1] [--warmup 1] [--rank 4] [--modes full lora]
 
-Each (mode, population) runs the real trainer for 1 + steps ES steps on the conciseness task
-(the first step is a warm-up: adapter loading paths, caches) and reports the mean of the
-measured steps. full mode runs on a plain engine, one generate call per member; lora mode on
-a multi-LoRA engine (max_loras = the population), one generate call per step. The baseline
+Each (mode, population) runs the real trainer for warmup + steps ES steps on the conciseness
+task and reports the mean of the measured steps (lora mode loads new adapters every step, so
+that cost is in every step, warm-up or not). full mode runs on a plain engine, one generate
+call per member; lora mode on a multi-LoRA engine (max_loras = the population), one generate
+call per step. The baseline
 is one batched generate call of every member's prompts by the plain engine's unperturbed
 model (population x prompts requests). Greedy members stop at different lengths than the
 base model, so efficiency compares throughput, which is the baseline's time for the very
@@ -60,7 +61,7 @@ def config(args: argparse.Namespace, mode: str, population: int) -> RunConfig:
         "output_dir": f"/tmp/eslab-bench-lora/{mode}",
         "reward_func_path": "engine.rewards.conciseness.compute_score",
         "population_size": population, "antithetic": True, "data_batch_size": args.prompts,
-        "max_steps": args.steps + 1, "max_tokens": args.max_tokens, "seed": 0,
+        "max_steps": args.warmup + args.steps, "max_tokens": args.max_tokens, "seed": 0,
         "max_model_len": 1024, "max_num_seqs": args.prompts * max(args.populations),
         "gpu_memory_utilization": args.gpu_memory_utilization,
     }
@@ -80,10 +81,10 @@ def start(cfg: RunConfig, max_loras: int | None) -> EnginePool:
                       seed=0, extra_llm_args=extra)
 
 
-def measure(pool: EnginePool, cfg: RunConfig, mode: str) -> Row:
+def measure(pool: EnginePool, cfg: RunConfig, mode: str, args: argparse.Namespace) -> Row:
     sink = MemorySink()
     train(cfg, sink, pool=pool)
-    steps = [s.metrics for s in sink.steps[1:]]
+    steps = [s.metrics for s in sink.steps[args.warmup:]]
 
     def mean(key: str) -> float:
         return float(np.mean([s.get(key, 0.0) for s in steps]))
@@ -107,7 +108,8 @@ def main() -> None:
     parser.add_argument("--populations", type=int, nargs="+", default=[8, 32, 128])
     parser.add_argument("--prompts", type=int, default=4, help="prompts a member")
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=1, help="measured steps after a warm-up")
+    parser.add_argument("--steps", type=int, default=1, help="measured steps")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps before them")
     parser.add_argument("--rank", type=int, default=4)
     parser.add_argument("--modes", nargs="+", default=["full", "lora"], choices=["full", "lora"])
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.12)
@@ -124,7 +126,8 @@ def main() -> None:
             print(f"baseline P={population}: {bases[population][0]:.1f} s, "
                   f"{bases[population][1]} tokens", flush=True)
             if "full" in args.modes:
-                rows["full", population] = measure(pool, config(args, "full", population), "full")
+                rows["full", population] = measure(pool, config(args, "full", population), "full",
+                                                 args)
                 print(rows["full", population], flush=True)
     finally:
         pool.shutdown()
@@ -132,7 +135,8 @@ def main() -> None:
         pool = start(first, max(args.populations))
         try:
             for population in args.populations:
-                rows["lora", population] = measure(pool, config(args, "lora", population), "lora")
+                rows["lora", population] = measure(pool, config(args, "lora", population), "lora",
+                                                 args)
                 print(rows["lora", population], flush=True)
         finally:
             pool.shutdown()
