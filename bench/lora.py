@@ -9,11 +9,10 @@ Each (mode, population) runs the real trainer for warmup + steps ES steps on the
 task and reports the mean of the measured steps (lora mode loads new adapters every step, so
 that cost is in every step, warm-up or not). full mode runs on a plain engine, one generate
 call per member; lora mode on a multi-LoRA engine (max_loras = the population), one generate
-call per step. The baseline
-is one batched generate call of every member's prompts by the plain engine's unperturbed
-model (population x prompts requests). Greedy members stop at different lengths than the
-base model, so efficiency compares throughput, which is the baseline's time for the very
-same tokens over the lora iteration time:
+call per step. The baseline is one batched generate call of every member's prompts by the
+plain engine's unperturbed model (population x prompts requests). Greedy members stop at
+different lengths than the base model, so efficiency compares throughput, which is the
+baseline's time for the very same tokens over the lora iteration time:
 
     efficiency = (lora tokens / lora iteration seconds) / (baseline tokens / baseline seconds)
 """
