@@ -64,25 +64,27 @@ def _plan(*key: torch.Tensor) -> _Plan | None:
 
 def lora_matmul(inputs: torch.Tensor, weights: torch.Tensor, *key: torch.Tensor,
                 dtype: torch.dtype | None = None) -> torch.Tensor:
-    """out[t] = inputs[t] @ weights[index[t]].T, zeros where index[t] < 0, computed in
+    """out[t] = inputs[t] @ weights[index[t]].T, zeros where index[t] < 0, returned in
     `dtype` (default: the weights'); weights [L, out, in] or [L, 1, out, in], inputs [T, in];
-    `key` gives the token indices, or the sequences' indices and lengths (see _plan). Only
-    the adapters in use are converted, never the whole stacked buffer."""
+    `key` gives the token indices, or the sequences' indices and lengths (see _plan).
+
+    The product is computed in fp32: with a rank-sized inner dimension, CPU bf16 bmm takes
+    a slow path (measured 3.7 ms against 0.003 ms in fp32 for 8 x 8 x 576). Only the
+    adapters in use are converted, never the whole stacked buffer."""
     if weights.dim() == 4:
         weights = weights.squeeze(1)
     dtype = dtype or weights.dtype
-    inputs = inputs.to(dtype)
-    out = inputs.new_zeros(inputs.shape[0], weights.shape[1])
+    out = inputs.new_zeros(inputs.shape[0], weights.shape[1], dtype=dtype)
     plan = _plan(*key)
     if plan is None:
         return out
     groups, width = plan.adapters.numel(), inputs.shape[1]
-    padded = inputs.new_zeros(groups * plan.rows, width)
-    padded.index_copy_(0, plan.slots, inputs.index_select(0, plan.order))
-    products = torch.bmm(padded.view(groups, plan.rows, width),
-                         weights.index_select(0, plan.adapters).to(dtype).transpose(1, 2))
-    out.index_copy_(0, plan.order, products.view(groups * plan.rows, -1).index_select(
-        0, plan.slots))
+    padded = inputs.new_zeros(groups * plan.rows, width, dtype=torch.float32)
+    padded.index_copy_(0, plan.slots, inputs.index_select(0, plan.order).float())
+    selected = weights.index_select(0, plan.adapters).float()  # [G, out, in]
+    products = torch.bmm(padded.view(groups, plan.rows, width), selected.transpose(1, 2))
+    rows = products.view(groups * plan.rows, -1).index_select(0, plan.slots)
+    out.index_copy_(0, plan.order, rows.to(dtype))
     return out
 
 
