@@ -1,10 +1,18 @@
-"""Run actions shared by the Runs and Run pages; the work happens in jobs/ (the same calls
-as `eslab cancel` / `eslab resume`), the page only shows the outcome."""
+"""Run actions shared by the Runs, Run and New run pages; the work happens in jobs/ (the same
+calls as `eslab submit` / `eslab cancel` / `eslab resume`), the page only shows the outcome.
+
+Each action checks the user's role here, where it runs (app.auth.require_editor), so a
+viewer is refused even if a button were shown; the pages also hide or disable them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import streamlit as st
 
+from app import auth
+from engine.config import RunConfig
+from jobs.launch import queue_run
 from jobs.store.errors import StoreError
 from jobs.store.records import RunRecord
 from jobs.store.status import RunStatus
@@ -15,7 +23,28 @@ NEW_PAGE = "app_pages/new_run.py"
 COMPARE_PAGE = "app_pages/compare.py"
 
 
+def allowed(action: str) -> bool:
+    """True when the user may `action`; otherwise shows why (st.error) and returns False."""
+    try:
+        auth.require_editor(action)
+    except auth.PermissionDenied as exc:
+        st.error(str(exc))
+        return False
+    return True
+
+
+def launch(store: Store, config: RunConfig, *, parent_id: int | None = None,
+           tags: Sequence[str] = ()) -> RunRecord | None:
+    """Queue a run as `eslab submit` does; None when the user may not. Errors of the run's
+    configuration (ConfigError, DatasetError, ...) reach the caller, which shows them."""
+    if not allowed("launch runs"):
+        return None
+    return queue_run(store, config, parent_id=parent_id, tags=tags)
+
+
 def cancel(store: Store, run_id: int) -> None:
+    if not allowed("cancel runs"):
+        return
     try:
         run = store.request_cancel(run_id)
     except StoreError as exc:
@@ -27,6 +56,8 @@ def cancel(store: Store, run_id: int) -> None:
 def resume(store: Store, run_id: int) -> None:
     from jobs.worker import latest_checkpoint
 
+    if not allowed("resume runs"):
+        return
     try:
         checkpoint = latest_checkpoint(store, run_id)
         run = store.resume_run(run_id, checkpoint.step if checkpoint else 0)
@@ -36,19 +67,32 @@ def resume(store: Store, run_id: int) -> None:
     st.toast(f"run {run.id} queued again (attempt {run.attempt})")
 
 
+def clone(run_id: int) -> None:
+    """Open New run prefilled with the run's configuration."""
+    if allowed("clone runs"):
+        st.switch_page(NEW_PAGE, query_params={"clone": str(run_id)})
+
+
+def delete(store: Store, runs: Sequence[RunRecord]) -> bool:
+    """Delete `runs` and everything they recorded; False (with the reason shown) if not."""
+    if not allowed("delete runs"):
+        return False
+    for r in runs:
+        try:
+            store.delete_run(r.id)
+        except StoreError as exc:
+            st.error(str(exc))
+            return False
+    return True
+
+
 @st.dialog("Delete runs?")
 def confirm_delete(store: Store, runs: list[RunRecord]) -> None:
     """Ask first; deleting removes every metric, sample and event of the runs."""
     st.write("This removes everything these runs recorded from the database "
              "(their output folders stay on disk):")
     st.markdown("\n".join(f"- {r.name} (#{r.id})" for r in runs))
-    if st.button("Delete", type="primary", key="delete_confirm"):
-        for r in runs:
-            try:
-                store.delete_run(r.id)
-            except StoreError as exc:
-                st.error(str(exc))
-                return
+    if st.button("Delete", type="primary", key="delete_confirm") and delete(store, runs):
         st.rerun()
 
 
@@ -65,14 +109,18 @@ def can_resume(run: RunRecord) -> bool:
 
 
 def buttons(store: Store, run: RunRecord, prefix: str) -> None:
-    """Cancel / clone / resume for one run, each enabled only where its status allows."""
+    """Cancel / clone / resume for one run, each enabled only where its status allows;
+    none for a viewer, who gets a line saying why."""
+    if not auth.can_edit():
+        st.caption("You are a viewer: cancelling, cloning and resuming runs needs an editor.")
+        return
     a, b, c = st.columns(3)
     if a.button("Cancel", key=f"{prefix}_cancel", disabled=not can_cancel(run),
                 icon=":material/stop:"):
         cancel(store, run.id)
         st.rerun()
     if b.button("Clone", key=f"{prefix}_clone", icon=":material/content_copy:"):
-        st.switch_page(NEW_PAGE, query_params={"clone": str(run.id)})
+        clone(run.id)
     if c.button("Resume", key=f"{prefix}_resume", disabled=not can_resume(run),
                 icon=":material/play_arrow:"):
         resume(store, run.id)

@@ -40,11 +40,19 @@ def ema(values: Sequence[float] | pd.Series, smoothing: float) -> pd.Series:
     return series.ewm(alpha=1.0 - min(smoothing, 0.999), adjust=False).mean()
 
 
+def x_axis(x: str = "step") -> alt.X:
+    """Steps are whole numbers: no 1.05 ticks; wall time stays continuous. The labelExpr
+    blanks fractional ticks where a renderer ignores tickMinStep (vl-convert's does)."""
+    axis = (alt.Axis(tickMinStep=1, format="d", labelExpr="datum.value % 1 ? '' : datum.label")
+            if x == "step" else alt.Axis())
+    return alt.X(f"{x}:Q", title=x.replace("_", " "), axis=axis)
+
+
 def metric_chart(df: pd.DataFrame, x: str, title: str, color: str | None = None,
                  band: bool = True, height: int = 220) -> alt.Chart:
     """A line of `value` against `x`, a min-max band where the data were bucketed, colour by
     `color` (a run name in Compare)."""
-    base = alt.Chart(df).encode(x=alt.X(f"{x}:Q", title=x.replace("_", " ")))
+    base = alt.Chart(df).encode(x=x_axis(x))
     enc = {"color": alt.Color(f"{color}:N", title=None)} if color else {}
     line = base.mark_line().encode(y=alt.Y("value:Q", title=None), **enc,
                                    tooltip=[x, "value"] + ([color] if color else []))
@@ -57,7 +65,7 @@ def metric_chart(df: pd.DataFrame, x: str, title: str, color: str | None = None,
 def planned_chart(done: pd.DataFrame, plan: pd.DataFrame, title: str) -> alt.Chart:
     """What was used (solid) and the planned schedule ahead (dashed)."""
     planned = alt.Chart(plan).mark_line(strokeDash=[4, 4], color="gray").encode(
-        x=alt.X("step:Q"), y=alt.Y("value:Q", title=None))
+        x=x_axis(), y=alt.Y("value:Q", title=None))
     used = alt.Chart(done).mark_line().encode(x="step:Q", y="value:Q")
     return alt.layer(planned, used).properties(title=title, height=220)
 
@@ -65,11 +73,12 @@ def planned_chart(done: pd.DataFrame, plan: pd.DataFrame, title: str) -> alt.Cha
 def population_chart(points: pd.DataFrame, summary: pd.DataFrame) -> alt.Chart:
     """Every member's fitness as points, the mean as a line and the min-max as a band."""
     band = alt.Chart(summary).mark_area(opacity=0.2).encode(
-        x=alt.X("step:Q"), y=alt.Y("min:Q", title="fitness"), y2="max:Q")
+        x=x_axis(), y=alt.Y("min:Q", title="fitness"), y2="max:Q")
     mean = alt.Chart(summary).mark_line(color="black").encode(x="step:Q", y="mean:Q")
-    dots = alt.Chart(points).mark_circle(size=12, opacity=0.5).encode(
+    dots = alt.Chart(points).mark_circle(size=30, opacity=0.6).encode(
         x="step:Q", y="fitness:Q", tooltip=["step", "member", "fitness"])
-    return alt.layer(band, dots, mean).properties(title="population fitness per step",
+    # the members on top: under the mean line they would hide
+    return alt.layer(band, mean, dots).properties(title="population fitness per step",
                                                   height=260)
 
 

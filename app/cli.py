@@ -12,16 +12,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from engine.config import ConfigError, RunConfig
+from engine.config import ConfigError, FieldError, RunConfig
 from engine.data.datasets import DatasetError
 from engine.model_files import ModelError
 from engine.rewards import RewardError
+from engine.scoring.client import ScorerError
+from engine.scoring.models import ScoringModelError
 from engine.sink import Sink
 from jobs.store.errors import StoreError
 
 DASHBOARD_PORT = 8501
 USER_ERRORS: tuple[type[Exception], ...] = (
-    ConfigError, DatasetError, ModelError, RewardError, StoreError)
+    ConfigError, DatasetError, ModelError, RewardError, StoreError, ScorerError,
+    ScoringModelError)
 
 
 def cmd_model_fetch_default(args: argparse.Namespace) -> int:
@@ -91,8 +94,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"final model in {output}; metrics in {log}")
         return 0
 
-    from jobs.runner import create_foreground_run, execute
+    from jobs.runner import create_foreground_run
+    from jobs.store.status import RunStatus
     from jobs.store.store import Store
+    from jobs.worker import Worker
 
     store = Store()
     run = create_foreground_run(store, config)
@@ -104,16 +109,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         return bars[0]
 
     try:
-        output = execute(store, run, config, with_progress, resume_from=args.resume)
-    except Exception as exc:
+        Worker(store, run.id, foreground=True, resume_from=args.resume,
+               wrap_sink=with_progress).run()
+    finally:
         for bar in bars:
             bar.close()
-        print(f"eslab: run {run.id} failed: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 1
-    for bar in bars:
-        bar.close()
-    print(f"run {run.id} succeeded; final model in {output}")
-    return 0
+    ended = store.get_run(run.id)
+    events = store.events(run.id)
+    last_event = events[-1].message if events else ""
+    if ended.status is RunStatus.SUCCEEDED:
+        print(f"run {run.id} {last_event}")
+        return 0
+    print(f"eslab: run {run.id} {ended.status.value}: {last_event}", file=sys.stderr)
+    return 1 if ended.status is RunStatus.FAILED else 130
 
 
 def cmd_data_countdown(args: argparse.Namespace) -> int:
@@ -140,9 +148,12 @@ def cmd_data_conciseness(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Ray (local head or RAY_ADDRESS), the scheduler and the dashboard (jobs/service.py)."""
+    from app.auth import auth_path, load_users
     from jobs.scheduler import SchedulerSettings
     from jobs.service import ServiceError, serve
 
+    if (path := auth_path()) is not None:  # a bad auth file stops serve before Ray starts
+        print(f"logins required: {len(load_users(path))} user(s) in {path}", flush=True)
     overrides = {}
     if args.max_concurrent_runs is not None:
         overrides["max_concurrent_runs"] = args.max_concurrent_runs
@@ -271,6 +282,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     store = Store()
     try:
+        if args.format == "html":
+            return _export_html(store, args)
         exported = store.export_run(args.run)
     finally:
         store.close()
@@ -298,6 +311,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_html(store, args: argparse.Namespace) -> int:
+    """One self-contained .html file (charts as inline SVG, no script, no network)."""
+    from app.report import run_report
+
+    run = store.get_run(args.run)
+    out = Path(args.out or f"{run.name}.html")
+    out.write_text(run_report(store, run.id), encoding="utf-8")
+    print(f"wrote the report of run {run.id} to {out}", file=sys.stderr)
+    return 0
+
+
 def _plain(record: dict) -> dict:
     return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in record.items()}
 
@@ -313,6 +337,142 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
                              for k, v in row.items()})
 
 
+def _auth_file(args: argparse.Namespace) -> Path:
+    from app.auth import ENV, AuthError, auth_path
+
+    path = Path(args.file) if args.file else auth_path()
+    if path is None:
+        raise AuthError(f"no auth file: pass --file PATH or set {ENV}")
+    return path
+
+
+def cmd_users_add(args: argparse.Namespace) -> int:
+    """Add a user (or replace their role and password); the password is read without echo,
+    or from the first line of stdin with --password-stdin, and only its hash is stored."""
+    import getpass
+
+    from app.auth import add_user
+
+    path = _auth_file(args)
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        password = getpass.getpass(f"password for {args.name}: ")
+        if getpass.getpass("again: ") != password:
+            print("eslab: error: the passwords differ; nothing changed", file=sys.stderr)
+            return 2
+    user = add_user(path, args.name, args.role, password)
+    print(f"{user.name} ({user.role}) saved in {path}")
+    return 0
+
+
+def cmd_users_list(args: argparse.Namespace) -> int:
+    from app.auth import load_users
+
+    path = _auth_file(args)
+    for user in load_users(path).values():
+        print(f"{user.name}\t{user.role}")
+    return 0
+
+
+def cmd_users_remove(args: argparse.Namespace) -> int:
+    from app.auth import remove_user
+
+    path = _auth_file(args)
+    remove_user(path, args.name)
+    print(f"{args.name} removed from {path}")
+    return 0
+
+
+def cmd_scorer_serve(args: argparse.Namespace) -> int:
+    from engine.scoring.service import serve
+
+    serve(args.reward_model, args.cost_model, host=args.host, port=args.port,
+          batch_size=args.batch_size, max_length=args.max_length)
+    return 0
+
+
+def cmd_scorer_train_default(args: argparse.Namespace) -> int:
+    from engine.scoring.default import train_default_scorers
+
+    train_default_scorers(Path(args.out) if args.out else None, epochs=args.epochs)
+    return 0
+
+
+def _checkpoint_of(run_or_path: str) -> Path:
+    """A checkpoint folder as given, or the latest checkpoint of a run (id or uuid prefix)."""
+    if Path(run_or_path).is_dir():
+        return Path(run_or_path)
+    from jobs.store.store import Store
+
+    checkpoints = Store().checkpoints(run_or_path)
+    if not checkpoints:
+        raise StoreError(f"run {run_or_path} has no checkpoint: set save_strategy, or pass a "
+                         "checkpoint-STEP folder")
+    return Path(checkpoints[-1].path)
+
+
+def cmd_bon(args: argparse.Namespace) -> int:
+    from engine.bon_eval import evaluate_best_of_n, write_points
+
+    try:
+        ns = sorted({int(n) for n in args.n.split(",")})
+    except ValueError:
+        raise ConfigError([FieldError("n", f"--n must be comma-separated integers, got "
+                                           f"{args.n!r}")]) from None
+    checkpoint = _checkpoint_of(args.run)
+    points = evaluate_best_of_n(checkpoint, args.gold, ns, proxy=args.proxy,
+                                samples=args.samples, max_prompts=args.prompts)
+    out = write_points(points, Path(args.out) if args.out else checkpoint / "bon.json")
+    print(f"{'n':>6} {'proxy':>10} {'gold':>10}")
+    for p in points:
+        print(f"{p.n:>6} {p.proxy_score:>10.4f} {p.gold_score:>10.4f}")
+    print(f"best-of-n results in {out}")
+    return 0
+
+
+def add_bon_command(commands: argparse._SubParsersAction) -> None:
+    bon = commands.add_parser(
+        "bon", help="best-of-n evaluation of a checkpoint: proxy vs gold score as n grows")
+    bon.add_argument("run", help="run id or uuid (prefix; its latest checkpoint), or a "
+                     "checkpoint-STEP folder")
+    bon.add_argument("--gold", required=True, help="gold reward: a reward function dotted "
+                     "path, `scorer` (the run's scorer_url) or a scorer URL")
+    bon.add_argument("--proxy", default="run", help="proxy reward (default: the run's own)")
+    bon.add_argument("--n", default="1,2,4,8", help="comma-separated n values")
+    bon.add_argument("--samples", type=int, help="answers per prompt N (default: largest n)")
+    bon.add_argument("--prompts", type=int, default=16, help="prompts of the eval set")
+    bon.add_argument("--out", help="JSON [{n, proxy_score, gold_score}] (default "
+                     "CHECKPOINT/bon.json)")
+    bon.set_defaults(func=cmd_bon)
+
+
+def add_scorer_commands(commands: argparse._SubParsersAction) -> None:
+    """`eslab scorer serve | train-default`: the alignment scorer service (engine/scoring)."""
+    from engine.scoring.default import default_scorer_dir
+
+    scorer = commands.add_parser("scorer", help="the alignment reward/cost scorer service")
+    scorer_cmds = scorer.add_subparsers(dest="scorer_command", required=True, metavar="ACTION")
+    serve = scorer_cmds.add_parser(
+        "serve", help="serve GET /health and POST /score_batch {prompts, responses}")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--reward-model", default=str(default_scorer_dir() / "reward"),
+                       help="Hugging Face sequence-classification folder (default: the "
+                       "`train-default` reward model)")
+    serve.add_argument("--cost-model", default=str(default_scorer_dir() / "cost"),
+                       help="Hugging Face sequence-classification folder; cost > 0 is unsafe")
+    serve.add_argument("--batch-size", type=int, default=32, help="pairs per forward pass")
+    serve.add_argument("--max-length", type=int, default=256, help="tokens per pair")
+    serve.set_defaults(func=cmd_scorer_serve)
+    train = scorer_cmds.add_parser(
+        "train-default", help="fine-tune the offline MiniLM reward and cost models (CPU)")
+    train.add_argument("--epochs", type=int, default=3)
+    train.add_argument("--out", help="folder for reward/ and cost/ (default "
+                       f"{default_scorer_dir()})")
+    train.set_defaults(func=cmd_scorer_train_default)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eslab",
@@ -322,7 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser(
         "serve", help="start Ray, the scheduler and the dashboard on http://127.0.0.1:8501")
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to bind: 127.0.0.1 (default) is this machine only; "
+                       "0.0.0.0 shares the dashboard (set ESLAB_AUTH_FILE for logins)")
     serve.add_argument("--port", type=int, default=DASHBOARD_PORT)
     serve.add_argument("--max-concurrent-runs", type=int, metavar="N",
                        help="runs at once (default: ESLAB_MAX_CONCURRENT_RUNS or 1)")
@@ -351,15 +513,15 @@ def build_parser() -> argparse.ArgumentParser:
     clone.set_defaults(func=cmd_clone)
     export = commands.add_parser("export", help="a run's metrics, population and samples")
     export.add_argument("run", help="run id or uuid (prefix)")
-    export.add_argument("--format", choices=("csv", "json"), default="json")
+    export.add_argument("--format", choices=("csv", "json", "html"), default="json")
     export.add_argument("--out", help="json: file (default stdout); csv: folder "
-                        "(default NAME-export/)")
+                        "(default NAME-export/); html: file (default NAME.html)")
     export.set_defaults(func=cmd_export)
 
     train = commands.add_parser(
         "train", help="train in the foreground (no Ray) with a progress bar, recorded in the db")
     train.add_argument("config", help="YAML file of option: value pairs, or a preset name "
-                       "(es-conciseness, es-countdown, lbes-countdown)")
+                       "(es-alignment, es-conciseness, es-countdown, lbes-countdown)")
     train.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                        help="override an option of the file (repeatable)")
     train.add_argument("--resume", metavar="CHECKPOINT", help="continue from checkpoint-STEP/")
@@ -404,15 +566,33 @@ def build_parser() -> argparse.ArgumentParser:
     db_cmds.add_parser("current", help="show the current migration").set_defaults(
         func=cmd_db_current
     )
+    users = commands.add_parser(
+        "users", help="dashboard logins (ESLAB_AUTH_FILE): viewers look, editors act")
+    users.add_argument("--file", help="auth file, YAML or .toml (default: $ESLAB_AUTH_FILE)")
+    users_cmds = users.add_subparsers(dest="users_command", required=True, metavar="ACTION")
+    users_add = users_cmds.add_parser("add", help="add a user or change their role/password")
+    users_add.add_argument("name")
+    users_add.add_argument("--role", choices=("viewer", "editor"), required=True)
+    users_add.add_argument("--password-stdin", action="store_true",
+                           help="read the password from stdin instead of asking")
+    users_add.set_defaults(func=cmd_users_add)
+    users_cmds.add_parser("list", help="names and roles").set_defaults(func=cmd_users_list)
+    users_remove = users_cmds.add_parser("remove", help="delete a user")
+    users_remove.add_argument("name")
+    users_remove.set_defaults(func=cmd_users_remove)
+    add_scorer_commands(commands)
+    add_bon_command(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
+    from app.auth import AuthError
+
     try:
         return func(args)
-    except USER_ERRORS as exc:
+    except (*USER_ERRORS, AuthError) as exc:
         # Driver messages span lines; a user gets one line that names what and what to run.
         print(f"eslab: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

@@ -1,10 +1,13 @@
 """The dashboard's entry file: declares the pages and the shared sidebar (`eslab serve` runs
-it with Streamlit). Every page keeps its state in the URL, so a copied link is the view."""
+it with Streamlit). Every page keeps its state in the URL, so a copied link is the view.
+With ESLAB_AUTH_FILE set, nothing but the login form shows until a user logs in."""
 
 import streamlit as st
 
+from app.login import login_gate, sidebar
+
 st.set_page_config(page_title="ES Lab", layout="wide")
-page = st.navigation([
+pages = [
     st.Page("app_pages/runs.py", title="Runs", icon=":material/list:", default=True),
     st.Page("app_pages/new_run.py", title="New run", icon=":material/add:", url_path="new"),
     st.Page("app_pages/run.py", title="Run", icon=":material/monitoring:", url_path="run"),
@@ -12,5 +15,11 @@ page = st.navigation([
             url_path="compare"),
     st.Page("app_pages/samples.py", title="Samples", icon=":material/article:",
             url_path="samples"),
-])
+]
+user = login_gate()
+if user is None:
+    st.navigation(pages, position="hidden")  # keeps the URL's page and query for after login
+    st.stop()
+page = st.navigation(pages)
+sidebar(user)
 page.run()

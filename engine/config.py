@@ -83,6 +83,9 @@ class ModelConfig:
     num_engines: int = _option(
         1, "vLLM engines (one Ray actor each) that evaluate population members in parallel; "
         "they never exchange weights, each replays the same update.", min_value=1)
+    engines_per_gpu: int = _option(
+        1, "Engines that share one GPU (each a process with its own copy of the weights), so "
+        "several members generate at once; they split its memory.", min_value=1)
     gpu_memory_utilization: float | None = _option(
         None, "Share of memory for weights and KV cache; None means 0.9 on a GPU and 0.3 on "
         "the CPU, where it is the share of RAM given to the KV cache.",
@@ -184,7 +187,8 @@ class RewardConfig:
 
     reward_func_path: str | None = _option(
         None, "Dotted path of compute_score(completion_text, **reward_func_args) -> dict, "
-        "e.g. engine.rewards.countdown.compute_score.", required=True)
+        "e.g. engine.rewards.countdown.compute_score. Required unless reward_source is "
+        "scorer or ensemble.")
 
 
 _LBES = ("lbes",)
@@ -213,6 +217,71 @@ class LbesConfig:
     flat_corrcoef: bool = _option(
         False, "Correlate over all kept samples at once instead of per prompt (per prompt "
         "needs n >= 2).", methods=_LBES)
+
+
+REWARD_SOURCES = ("function", "scorer", "ensemble")
+ENSEMBLE_METHODS = ("mean", "min", "uwo")
+_ES = ("es",)
+
+
+@dataclass(frozen=True)
+class AlignmentConfig:
+    """Alignment (ES only): fitness mean(R) - lambda * mean(C), adaptive lambda."""
+
+    # R and C come from a scorer service (engine/scoring); the lambda rule and the objective
+    # are engine/alignment.py. The docstring above is one line: to_yaml prints it as a comment.
+
+    reward_source: str = _option(
+        "function", "Where the reward R comes from: reward_func_path, the scorer service's "
+        "reward model, or an ensemble (ensemble_members).", choices=REWARD_SOURCES)
+    scorer_url: str | None = _option(
+        None, "Scorer service (`eslab scorer serve`), e.g. http://127.0.0.1:8000. When set, "
+        "its cost model gives C and fitness is mean(R) - lambda * mean(C).", methods=_ES)
+    lambda_cost: float = _option(
+        0.5, "lambda at step 0 (the weight of the cost).", min_value=0.0, methods=_ES)
+    lambda_adapt: bool = _option(
+        False, "Adapt lambda after every step from the unperturbed model's costs: "
+        "ln(lambda) += lambda_lr * J, J a moving average of mean(C) - cost_threshold_d.",
+        methods=_ES)
+    lambda_lr: float = _option(0.01, "Step size of ln(lambda).", min_value=0.0, methods=_ES)
+    lambda_min: float = _option(1e-4, "Lower clip of lambda.", min_value=0.0, methods=_ES)
+    lambda_max: float = _option(10.0, "Upper clip of lambda.", min_value=0.0, methods=_ES)
+    cost_threshold_d: float = _option(
+        0.0, "Safety threshold d of the constraint mean(C) <= d.", methods=_ES)
+    lambda_pos_cost_only: bool = _option(
+        False, "Use the positive part of J_C, so lambda never falls.", methods=_ES)
+    jc_ema_beta: float = _option(
+        0.9, "Moving-average factor of J_C: J <- beta * J + (1 - beta) * J_C.",
+        min_value=0.0, max_value=1.0, methods=_ES)
+    standardize_within_batch: bool = _option(
+        False, "Divide mean(R) and mean(C) by their batch std (no centering).", methods=_ES)
+    safe_first: bool = _option(
+        False, "Multiply the reward of unsafe answers (C > 0) by safe_first_factor.",
+        methods=_ES)
+    safe_first_factor: float = _option(
+        0.0, "Reward multiplier of unsafe answers with safe_first (0 is a hard gate).",
+        methods=_ES)
+    scorer_batch_size: int = _option(16, "Pairs per scorer request.", min_value=1)
+    scorer_timeout_s: float = _option(
+        60.0, "Seconds a scorer request may take before it is retried, then fails the run.",
+        min_value=0.0, exclusive_min=True)
+    scorer_retries: int = _option(
+        2, "Further attempts after a scorer timeout, refusal of connection or 5xx.",
+        min_value=0)
+
+
+@dataclass(frozen=True)
+class EnsembleConfig:
+    """Reward ensembles (reward_source: ensemble), as in Coste et al. 2023."""
+
+
+    ensemble_members: str | None = _option(
+        None, "Comma-separated members: reward function dotted paths, `scorer` (the "
+        "scorer_url reward model) or other scorer URLs (their reward models).")
+    ensemble_method: str = _option(
+        "mean", "mean, min (worst case) or uwo (mean - uwo_weight * variance).",
+        choices=ENSEMBLE_METHODS)
+    uwo_weight: float = _option(0.1, "Variance weight of uwo.", min_value=0.0)
 
 
 @dataclass(frozen=True)
@@ -363,6 +432,8 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     lbes: LbesConfig = field(default_factory=LbesConfig)
+    alignment: AlignmentConfig = field(default_factory=AlignmentConfig)
+    ensemble: EnsembleConfig = field(default_factory=EnsembleConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -691,9 +762,13 @@ def _rule(*fields: str) -> Callable[[Callable[[dict[str, Any]], Iterator[FieldEr
     return register
 
 
-@_rule("reward_func_path")
+@_rule("reward_func_path", "reward_source")
 def _reward_path(v: dict[str, Any]) -> Iterator[FieldError]:
-    if not _DOTTED_PATH.match(v["reward_func_path"]):
+    if v["reward_func_path"] is None:
+        if v["reward_source"] == "function":
+            yield FieldError("reward_func_path", "reward.reward_func_path is required: "
+                             f"{_SPECS['reward_func_path'].help}")
+    elif not _DOTTED_PATH.match(v["reward_func_path"]):
         yield FieldError("reward_func_path",
                          f"reward.reward_func_path must be a dotted path module.function, got "
                          f"{v['reward_func_path']!r}: e.g. engine.rewards.countdown.compute_score")
@@ -822,3 +897,50 @@ def _lora_options(v: dict[str, Any]) -> Iterator[FieldError]:
             parse(v[name])
         except ValueError as exc:
             yield FieldError(name, f"lora.{name} {exc}")
+
+
+# ---------------------------------------------------------------------------- alignment rules
+
+
+@_rule("reward_source", "scorer_url", "lambda_adapt", "ensemble_members")
+def _reward_sources(v: dict[str, Any]) -> Iterator[FieldError]:
+    members = [m.strip() for m in (v["ensemble_members"] or "").split(",") if m.strip()]
+    if v["reward_source"] == "scorer" and v["scorer_url"] is None:
+        yield FieldError("scorer_url", "alignment.scorer_url is required when reward_source "
+                                       "is 'scorer', got None: e.g. http://127.0.0.1:8000")
+    if v["lambda_adapt"] and v["scorer_url"] is None:
+        yield FieldError("scorer_url", "alignment.scorer_url is required when lambda_adapt is "
+                                       "true: lambda adapts to the scorer's costs")
+    if v["reward_source"] == "ensemble" and len(members) < 2:
+        yield FieldError("ensemble_members",
+                         f"ensemble.ensemble_members must name at least 2 members when "
+                         f"reward_source is 'ensemble', got {v['ensemble_members']!r}")
+    if "scorer" in members and v["scorer_url"] is None:
+        yield FieldError("ensemble_members", "ensemble.ensemble_members names `scorer` but "
+                                             "alignment.scorer_url is None")
+    for member in members:
+        if member != "scorer" and not member.startswith(("http://", "https://")) and \
+                not _DOTTED_PATH.match(member):
+            yield FieldError("ensemble_members",
+                             f"ensemble.ensemble_members: {member!r} is neither a dotted path, "
+                             "`scorer` nor an http(s) URL")
+    if v["reward_source"] != "ensemble" and members:
+        yield FieldError("ensemble_members", "ensemble.ensemble_members is only read when "
+                                             "reward_source is 'ensemble': remove it or set "
+                                             "reward_source ensemble")
+
+
+@_rule("lambda_min", "lambda_max")
+def _lambda_range(v: dict[str, Any]) -> Iterator[FieldError]:
+    if v["lambda_min"] > v["lambda_max"]:
+        yield FieldError("lambda_min", f"alignment.lambda_min must be <= lambda_max "
+                                       f"({v['lambda_max']:g}), got {v['lambda_min']:g}")
+
+
+@_rule("macro_advantage", "scorer_url")
+def _macro_with_cost(v: dict[str, Any]) -> Iterator[FieldError]:
+    # macro_advantage shapes per-sample rewards and would ignore the cost term entirely.
+    if v["macro_advantage"] and v["scorer_url"] is not None:
+        yield FieldError("macro_advantage", "es.macro_advantage cannot be combined with "
+                                            "alignment.scorer_url: it shapes rewards per sample "
+                                            "and would ignore lambda * cost; set it false")

@@ -22,6 +22,17 @@ LORA_RANK = "train/lora/rank"
 """Rank of the members' perturbation; logged only by runs with perturbation lora, so its
 presence marks the mode on the dashboard's charts."""
 
+# Alignment runs (engine/aligner.py). Mean reward and mean cost are `train/reward/mean` and
+# `train/cost/mean` (reward_key), the objective mean(R) - lambda * mean(C) `train/objective/*`,
+# and each ensemble member's score `train/member/<name>/mean`.
+LAMBDA = "train/lambda"  # the lambda this step's fitness used
+LAMBDA_NEXT = "train/lambda/next"  # after this step's update: the next step's lambda
+JC_RAW = "train/j_c/raw"  # mean cost of the unperturbed model - d
+JC_SMOOTHED = "train/j_c/smoothed"  # its moving average, which moves ln(lambda)
+SAFE_RATIO = "train/safe_ratio"  # share of the population's responses with cost <= 0
+BASE_COST_MEAN = "train/base/cost/mean"  # the unperturbed model's mean cost
+BASE_SAFE_RATIO = "train/base/safe_ratio"
+
 # Time per phase of a step, in seconds.
 PHASES = ("generation", "perturb", "restore", "reward", "logprobs", "update", "eval", "save",
           "step")

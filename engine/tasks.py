@@ -16,6 +16,7 @@ import numpy as np
 from engine.backends.base import Completion, PerturbationEngine
 from engine.backends.pool import EnginePool
 from engine.rewards import load_reward_function, score_completion
+from engine.scoring.sources import RewardSources
 
 
 @dataclass(frozen=True)
@@ -49,9 +50,10 @@ class GenerateAndScore:
 
     prompts: list[list[dict[str, str]]]
     reward_func_args: list[dict[str, Any]]
-    reward_func_path: str
+    reward_func_path: str | None
     sampling: SamplingSpec
     description: str = "a sample"
+    sources: RewardSources | None = None  # scorer / ensemble rewards and costs (alignment)
 
     def __call__(self, engine: PerturbationEngine | EnginePool) -> ScoredBatch:
         """Runs on a (perturbed) engine, or on the pool for the unperturbed model."""
@@ -66,6 +68,9 @@ class GenerateAndScore:
         return batch
 
     def score(self, outputs: list[list[Completion]]) -> ScoredBatch:
+        if self.sources is not None:
+            return self.sources.score(outputs, self.prompts, self.reward_func_args,
+                                      self.description)
         return score_batch(outputs, self.reward_func_args, self.reward_func_path,
                            self.description)
 

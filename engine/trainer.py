@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from engine import metrics as mk
+from engine.aligner import Aligner
 from engine.backends.base import EvaluationStopped
 from engine.backends.pool import EnginePool
 from engine.batches import Batches, Position
@@ -37,6 +38,7 @@ from engine.model_files import check_model_dir
 from engine.noise import derive_seed
 from engine.paths import resolve_path
 from engine.schedules import schedule_value
+from engine.scoring.sources import RewardSources
 from engine.sink import PopulationRecord, SampleRecord, Sink, StepReport
 from engine.tasks import CompletionLogprobs, GenerateAndScore, SamplingSpec, ScoredBatch
 
@@ -56,6 +58,7 @@ class TrainerState:
     global_step: int = 0
     epoch: int = 0
     batch: int = 0
+    alignment: dict | None = None  # Aligner.snapshot(): lambda and its J_C average
 
     @property
     def position(self) -> Position:
@@ -87,6 +90,7 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
         if resume_from is not None:
             state = load_checkpoint(Path(resume_from), pool, lora)
             sink.log_event("info", f"resumed from {resume_from} at step {state.global_step}")
+        aligner = Aligner.for_run(config, state.alignment)
         evaluating = config.eval.eval_strategy != "no"
         if evaluating and config.eval.eval_before_train and state.global_step == 0:
             sink.log_step(evaluate(config, pool, eval_set, step=0))
@@ -99,8 +103,8 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
             examples = [train_set[i] for i in batches.indices(state.position)]
             position, epoch_ended = batches.advance(state.position)
             noise_std, learning_rate = current_schedules(config, state.global_step, total_steps)
-            step_fn = (functools.partial(es_step, lora=lora) if config.method == "es"
-                       else lbes_step)
+            step_fn = (functools.partial(es_step, lora=lora, aligner=aligner)
+                       if config.method == "es" else lbes_step)
             try:
                 report = step_fn(config, pool, examples, state.global_step, noise_std,
                                  learning_rate, stop=should_stop)
@@ -109,7 +113,7 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
                 # those of the last finished step, which is what the checkpoint records.
                 if saved != state.global_step:
                     sink.log_checkpoint(state.global_step, str(save_checkpoint(
-                        config, pool, state, output_dir, lora)))
+                        config, pool, state, output_dir, lora, for_resume_only=True)))
                 raise TrainingStopped(f"stopped during step {state.global_step + 1}, "
                                       f"checkpoint of step {state.global_step} saved") from None
             if report is None:
@@ -123,7 +127,8 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
                                        "filters; loosen top_k_* / exclude_same_rewards_samples")
                 continue
             steps_without_progress = 0
-            state = TrainerState(state.global_step + 1, position.epoch, position.batch)
+            state = TrainerState(state.global_step + 1, position.epoch, position.batch,
+                                 aligner.snapshot() if aligner is not None else None)
             step = state.global_step
             report.metrics.update({mk.NOISE_STD: noise_std, mk.LEARNING_RATE: learning_rate,
                                    mk.EPOCH: position.epoch + position.batch / batches.per_epoch})
@@ -145,8 +150,8 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
             sink.heartbeat(step)
             if should_stop is not None and step < total_steps and should_stop():
                 if saved != step:
-                    sink.log_checkpoint(step, str(save_checkpoint(config, pool, state,
-                                                                  output_dir, lora)))
+                    sink.log_checkpoint(step, str(save_checkpoint(
+                        config, pool, state, output_dir, lora, for_resume_only=True)))
                 raise TrainingStopped(f"stopped after step {step}, checkpoint saved")
 
         # -- the final model
@@ -166,7 +171,8 @@ def start_pool(config: RunConfig) -> EnginePool:
     m = config.model
     local = resolve_path(m.model)
     return EnginePool(
-        str(local) if local.exists() else m.model, num_engines=m.num_engines, dtype=m.dtype,
+        str(local) if local.exists() else m.model, num_engines=m.num_engines,
+        engines_per_gpu=m.engines_per_gpu, dtype=m.dtype,
         max_model_len=m.max_model_len, tensor_parallel_size=m.tensor_parallel_size,
         gpu_memory_utilization=m.gpu_memory_utilization, max_num_seqs=m.max_num_seqs,
         # False leaves the platform's choice (eager on the CPU, CUDA graphs on a GPU).
@@ -204,7 +210,8 @@ def _due(strategy: str, every: int | None, step: int, epoch_ended: bool, total: 
 def es_step(config: RunConfig, pool: EnginePool, examples: list[Example], step: int,
             noise_std: float, learning_rate: float,
             stop: Callable[[], bool] | None = None,
-            lora: LoraPopulation | None = None) -> StepReport:
+            lora: LoraPopulation | None = None,
+            aligner: Aligner | None = None) -> StepReport:
     """One ES step; with `lora` the members are low-rank adapters evaluated in one call."""
     members = population(config.data.seed, step, config.es.population_size,
                          config.es.antithetic)
@@ -217,7 +224,15 @@ def es_step(config: RunConfig, pool: EnginePool, examples: list[Example], step: 
             raise EvaluationStopped("stopped before the population was evaluated")
         results = lora.evaluate(pool, members, noise_std, task, step)
 
-    fitness = np.array([r.fitness for r in results])  # [N]
+    mean_rewards = np.array([r.fitness for r in results])  # [N]
+    fitness = aligner.fitness(results) if aligner is not None else mean_rewards
+    alignment_metrics, base_samples = {}, []
+    if aligner is not None:
+        # The unperturbed model on the same prompts, before the update (as the reference).
+        base = task(pool)
+        alignment_metrics = {**aligner.adapt(base),
+                             **aligner.population_metrics(results, fitness)}
+        base_samples = _samples(mk.TRAIN, examples, base, member=None)
     if config.es.macro_advantage:
         shaped = macro_shape_fitness(config.es.fitness_shaping,
                                      np.stack([r.rewards for r in results]))
@@ -227,7 +242,8 @@ def es_step(config: RunConfig, pool: EnginePool, examples: list[Example], step: 
 
     metrics = {
         **({mk.LORA_RANK: float(lora.rank)} if lora is not None else {}),
-        **_stats(mk.TRAIN, "reward", fitness),
+        **_stats(mk.TRAIN, "reward", mean_rewards),
+        **alignment_metrics,
         **_part_means(mk.TRAIN, results),
         **_completion_metrics(mk.TRAIN, results),
         **phase_timings(pool),
@@ -237,9 +253,11 @@ def es_step(config: RunConfig, pool: EnginePool, examples: list[Example], step: 
     }
     best, worst = int(np.argmax(fitness)), int(np.argmin(fitness))
     samples = [s for i in dict.fromkeys((best, worst))
-               for s in _samples(mk.TRAIN, examples, results[i], member=i)]
-    return StepReport(step=step + 1, metrics=metrics, population=_population(members, fitness,
-                      shaped), samples=samples)
+               for s in _samples(mk.TRAIN, examples, results[i], member=i)] + base_samples
+    records = _population(members, fitness, shaped)
+    if aligner is not None:
+        records = aligner.with_scores(records, results)
+    return StepReport(step=step + 1, metrics=metrics, population=records, samples=samples)
 
 
 def generate_task(config: RunConfig, examples: list[Example], step: int, *,
@@ -252,7 +270,8 @@ def generate_task(config: RunConfig, examples: list[Example], step: int, *,
     return GenerateAndScore(prompts=[e.prompt for e in examples],
                             reward_func_args=[e.reward_func_args for e in examples],
                             reward_func_path=config.reward.reward_func_path,
-                            sampling=sampling, description=description)
+                            sampling=sampling, description=description,
+                            sources=RewardSources.from_config(config))
 
 
 def apply_update(pool: EnginePool, members: list[Member], shaped: np.ndarray,
@@ -339,7 +358,7 @@ def evaluate(config: RunConfig, pool: EnginePool, eval_set: list[Example],
         reward_func_path=config.reward.reward_func_path,
         sampling=SamplingSpec(n=1, temperature=0.0, max_tokens=config.sampling.max_tokens,
                               seed=config.data.seed),
-        description=f"evaluation at step {step}")
+        description=f"evaluation at step {step}", sources=RewardSources.from_config(config))
     result = task(pool)
     metrics = {**_stats(mk.EVAL, "reward", result.rewards.reshape(-1)),
                **_part_means(mk.EVAL, [result]),
@@ -350,13 +369,19 @@ def evaluate(config: RunConfig, pool: EnginePool, eval_set: list[Example],
 
 
 def save_checkpoint(config: RunConfig, pool: EnginePool, state: TrainerState,
-                    output_dir: Path, lora: LoraPopulation | None = None) -> Path:
+                    output_dir: Path, lora: LoraPopulation | None = None, *,
+                    for_resume_only: bool = False) -> Path:
     """checkpoint-STEP/: the serving weights as a Hugging Face folder, the fp32 master copy
-    for an exact resume, and the trainer state; only save_total_limit are kept."""
+    for an exact resume, and the trainer state; only save_total_limit are kept.
+
+    A stop (cancel) checkpoint is `for_resume_only`: master and state, no Hugging Face
+    folder. Writing that folder takes seconds (3.4 s for the 135M model here) that a cancel
+    should not wait for, and a resume reads only the master."""
     path = output_dir / f"checkpoint-{state.global_step}"
     partial = output_dir / f".checkpoint-{state.global_step}.partial"
     shutil.rmtree(partial, ignore_errors=True)
-    pool.save_hf(str(partial))
+    if not for_resume_only:
+        pool.save_hf(str(partial))
     pool.save_master(str(partial / MASTER_DIR))
     if lora is not None:
         lora.save(partial)  # adapter mode: the trained adapter
@@ -384,7 +409,7 @@ def load_checkpoint(path: Path, pool: EnginePool,
     if lora is not None:
         lora.load(path)
     return TrainerState(global_step=data["global_step"], epoch=data["epoch"],
-                        batch=data["batch"])
+                        batch=data["batch"], alignment=data.get("alignment"))
 
 
 # ---------------------------------------------------------------------------- reporting
@@ -452,7 +477,10 @@ def plan_total_steps(config: RunConfig) -> int:
     its number of steps, so a bad run is refused before anything is stored or started."""
     from engine.rewards import load_reward_function
 
-    load_reward_function(config.reward.reward_func_path)
+    sources = RewardSources.from_config(config)
+    for path in [config.reward.reward_func_path, *(sources.members if sources else ())]:
+        if path is not None and "." in path and not path.startswith(("http://", "https://")):
+            load_reward_function(path)
     model = resolve_path(config.model.model)
     if model.exists() or config.model.model.startswith((".", "/", "data/")):
         check_model_dir(model)

@@ -1,18 +1,14 @@
-"""Running a training run and keeping its row in the database true: running while it runs,
-then succeeded, or failed with the error. `eslab train` runs it in the foreground; the Ray
-worker of the jobs issue reuses it."""
+"""Foreground runs: `eslab train` stores its run as running and executes it in its own
+process with the same Worker as a Ray job (jobs.worker), so a foreground run heartbeats,
+stops on Ctrl-C with a checkpoint, and records its outcome the same way."""
 
 from __future__ import annotations
 
-import traceback
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import RunConfig
-from engine.sink import Sink
-from engine.trainer import plan_total_steps, train
-from jobs.sink import DatabaseSink
+from engine.trainer import plan_total_steps
 from jobs.store.records import RunRecord
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
@@ -30,20 +26,3 @@ def create_foreground_run(store: Store, config: RunConfig, *, tags: list[str] = 
     return store.create_run(name=default_run_name(config), method=config.method,
                             config=config.to_flat(), total_steps=total, tags=list(tags),
                             status=RunStatus.RUNNING)
-
-
-def execute(store: Store, run: RunRecord, config: RunConfig,
-            wrap_sink: Callable[[Sink], Sink] = lambda s: s,
-            resume_from: str | Path | None = None) -> Path:
-    """Train and record the outcome; an error marks the run failed and is raised again."""
-    sink = wrap_sink(DatabaseSink(store, run.id))
-    try:
-        output = train(config, sink, resume_from=resume_from)
-    except BaseException as exc:
-        detail = "".join(traceback.format_exception(exc))
-        status = RunStatus.CANCELLED if isinstance(exc, KeyboardInterrupt) else RunStatus.FAILED
-        store.add_event(run.id, "error", f"{type(exc).__name__}: {exc}")
-        store.set_status(run.id, status, error=detail)
-        raise
-    store.set_status(run.id, RunStatus.SUCCEEDED)
-    return output

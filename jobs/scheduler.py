@@ -16,15 +16,18 @@ up where the last one stopped (DESIGN.md, "Flow of a run", step 3).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shlex
 import socket
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import make_url
@@ -206,8 +209,8 @@ class Scheduler:
     def _sync(self, run: RunRecord) -> None:
         sid = run.ray_submission_id
         if sid is None:
-            # Not ours: `eslab train` in the foreground, which heartbeats only once a step and
-            # records its own outcome.
+            # Not ours: `eslab train` in the foreground records its own outcome (and its
+            # heartbeat thread turns a cancel requested here into a stop).
             return
         state = self.ray_jobs.state(sid)
         if run.status is RunStatus.CANCELLING:
@@ -328,7 +331,7 @@ class Scheduler:
         """What the worker needs to find the same database and code as this process. The
         job has no working_dir (nothing is uploaded), so paths must be absolute."""
         env = {
-            "ESLAB_DATABASE_URL": _absolute_url(self.store.engine.url),
+            **_database_env(self.store.engine.url),
             "PYTHONPATH": os.pathsep.join(
                 p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p
             ),
@@ -342,12 +345,26 @@ class Scheduler:
         return {**env, **self.extra_env}
 
 
-def _absolute_url(url: Any) -> str:
-    """The URL with its password (the worker must connect) and, for SQLite, an absolute
-    path: a Ray job starts in another folder."""
+def _database_env(url: Any) -> dict[str, str]:
+    """How the worker finds the database. SQLite paths are made absolute (a Ray job starts
+    in another folder). A URL with a password goes into a file only this user can read,
+    named by ESLAB_DATABASE_URL_FILE: Ray shows a job's environment variables on its
+    dashboard. (On a multi-node cluster that file must exist at the same path on every
+    node that runs jobs.)"""
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
         url = url.set(database=os.path.abspath(url.database))
-    return make_url(url).render_as_string(hide_password=False)
+    rendered = make_url(url).render_as_string(hide_password=False)
+    if not url.password:
+        return {"ESLAB_DATABASE_URL": rendered}
+    folder = Path(tempfile.gettempdir()) / f"eslab-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    digest = hashlib.sha256(rendered.encode()).hexdigest()[:16]
+    path = folder / f"database-url-{digest}"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(rendered)
+    # Empty, so that a URL the job inherits from the Ray head's environment cannot win.
+    return {"ESLAB_DATABASE_URL": "", "ESLAB_DATABASE_URL_FILE": str(path)}
 
 
 def _add(total: dict[str, float], extra: Mapping[str, float]) -> None:

@@ -206,9 +206,8 @@ def stop_runs_for_shutdown(store: Store, jobs: RayJobs, wait_seconds: float) -> 
 # -- the dashboard ----------------------------------------------------------------------
 
 
-def run_dashboard(host: str, port: int) -> int:
-    """Streamlit in the foreground until it exits or Ctrl-C."""
-    cmd = [
+def dashboard_command(host: str, port: int) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "streamlit",
@@ -222,9 +221,16 @@ def run_dashboard(host: str, port: int) -> int:
         "true",
         "--browser.gatherUsageStats",
         "false",
+        # the toolbar without Streamlit's developer items ("Deploy", "Rerun", settings)
+        "--client.toolbarMode",
+        "viewer",
     ]
+
+
+def run_dashboard(host: str, port: int) -> int:
+    """Streamlit in the foreground until it exits or Ctrl-C."""
     print(f"ES Lab dashboard on http://{host}:{port} (Ctrl-C stops it)", flush=True)
-    dashboard = subprocess.Popen(cmd)
+    dashboard = subprocess.Popen(dashboard_command(host, port))
     try:
         return dashboard.wait()
     except KeyboardInterrupt:

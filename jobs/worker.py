@@ -145,12 +145,27 @@ class Worker:
         train: TrainFunction | str = DEFAULT_TRAIN,
         heartbeat_seconds: float = 5.0,
         abandon_after_seconds: float = 30.0,
+        foreground: bool = False,
+        resume_from: str | Path | None = None,
+        wrap_sink: Callable[[Sink], Sink] | None = None,
+        release_engine: bool = True,
     ) -> None:
+        """`foreground`: the run was created running by `eslab train`, which runs it in this
+        process (no scheduler); otherwise the run must be queued and this worker claims it.
+        `resume_from`: a checkpoint folder that overrides the newest one the database lists.
+        `wrap_sink`: wraps the database sink (the command line's progress bar).
+        `release_engine` False: the process exits right after the outcome is recorded (the
+        Ray job's entrypoint), so the engine is left to the OS: releasing vLLM takes seconds
+        (3.3 s here) that a cancel should not have to wait for."""
         self.store = store
         self.run_id = run_id
         self.train = train
         self.heartbeat_seconds = heartbeat_seconds
         self.abandon_after_seconds = abandon_after_seconds
+        self.foreground = foreground
+        self.resume_from = resume_from
+        self.wrap_sink = wrap_sink or (lambda sink: sink)
+        self.release_engine = release_engine
         self.stop = StopSignal()
         self._signals = 0
         self._finished = threading.Lock()  # one outcome, from the main thread or the watchdog
@@ -161,8 +176,10 @@ class Worker:
         from engine.config import RunConfig
 
         run = self.store.get_run(self.run_id)
-        if run.status is not RunStatus.QUEUED:
-            log.info("run %s is %s, not queued; nothing to do", run.id, run.status.value)
+        expected = RunStatus.RUNNING if self.foreground else RunStatus.QUEUED
+        if run.status is not expected:
+            log.info("run %s is %s, not %s; nothing to do", run.id, run.status.value,
+                     expected.value)
             return 0
         try:
             config = RunConfig.from_flat(run.config)
@@ -172,40 +189,53 @@ class Worker:
             self._end(run.id, RunStatus.FAILED, _traceback(exc), f"cannot start: {exc}")
             return 1
         checkpoint = latest_checkpoint(self.store, run.id)
-        if not self.store.start_run(run.id):
+        resume_from = self.resume_from or (checkpoint.path if checkpoint else None)
+        if not self.foreground and not self.store.start_run(run.id):
             log.info("run %s was cancelled before it started", run.id)
             return 0
         self.run_id = run.id
-        hooked = accepts_should_stop(train)
-        sink = StoppingSink(
-            DatabaseSink(self.store, run.id), self.stop, raise_at_boundary=not hooked
-        )
-        kwargs: dict[str, Any] = {"resume_from": checkpoint.path if checkpoint else None}
+        hooked = accepts(train, "should_stop")
+        sink = StoppingSink(self.wrap_sink(DatabaseSink(self.store, run.id)), self.stop,
+                            raise_at_boundary=not hooked)
+        kwargs: dict[str, Any] = {"resume_from": resume_from}
         if hooked:
             kwargs["should_stop"] = self.stop.is_set
-        if checkpoint:
-            log.info("run %s resumes from %s (step %s)", run.id, checkpoint.path, checkpoint.step)
+        if resume_from:
+            log.info("run %s resumes from %s", run.id, resume_from)
 
         heartbeat = Heartbeat(self.store, run.id, self.heartbeat_seconds, self.request_stop)
         previous = self._install_signal_handlers()
         heartbeat.start()
         try:
-            output = train(config, sink, **kwargs)
-        except BaseException as exc:
-            if self.stop.is_set():
-                self._end(run.id, RunStatus.CANCELLED, None, self._stopped_message(sink.last_step))
-                return 0
-            print(_traceback(exc), file=sys.stderr, flush=True)
-            self._end(run.id, RunStatus.FAILED, _traceback(exc), f"{type(exc).__name__}: {exc}")
-            return 1
+            return self._train(run.id, config, train, sink, kwargs)
         finally:
             heartbeat.close()
             _restore_signal_handlers(previous)
+            if kwargs.get("pool") is not None and self.release_engine:
+                kwargs["pool"].shutdown()
+
+    def _train(self, run_id: int, config: Any, train: TrainFunction, sink: StoppingSink,
+               kwargs: dict[str, Any]) -> int:
+        """Train and record the outcome. The engine is started here rather than by the
+        trainer so that the outcome is recorded before it is released (see release_engine)."""
+        try:
+            if accepts(train, "pool"):
+                from engine.trainer import start_pool
+
+                kwargs["pool"] = start_pool(config)
+            output = train(config, sink, **kwargs)
+        except BaseException as exc:
+            if self.stop.is_set():
+                self._end(run_id, RunStatus.CANCELLED, None, self._stopped_message(sink.last_step))
+                return 0
+            print(_traceback(exc), file=sys.stderr, flush=True)
+            self._end(run_id, RunStatus.FAILED, _traceback(exc), f"{type(exc).__name__}: {exc}")
+            return 1
         # A cancel that came as the last step ended leaves the run cancelling, which may
         # only end cancelled (the final model is saved all the same).
-        if not self._end(run.id, RunStatus.SUCCEEDED, None, f"succeeded; final model in {output}"):
+        if not self._end(run_id, RunStatus.SUCCEEDED, None, f"succeeded; final model in {output}"):
             self._end(
-                run.id,
+                run_id,
                 RunStatus.CANCELLED,
                 None,
                 f"the cancel came as the last step ended; final model in {output}",
@@ -296,9 +326,11 @@ def latest_checkpoint(store: Store, run_id: int | str) -> CheckpointRecord | Non
     return None
 
 
-def accepts_should_stop(train: TrainFunction) -> bool:
+def accepts(train: TrainFunction, parameter: str) -> bool:
+    """Whether the training function takes this keyword (stand-in trainers of the tests
+    take neither `should_stop` nor `pool`)."""
     try:
-        return "should_stop" in inspect.signature(train).parameters
+        return parameter in inspect.signature(train).parameters
     except (TypeError, ValueError):
         return False
 
@@ -355,11 +387,18 @@ def main(argv: list[str] | None = None) -> int:
             train=args.train,
             heartbeat_seconds=_seconds("ESLAB_HEARTBEAT_S", 5.0),
             abandon_after_seconds=_seconds("ESLAB_ABANDON_AFTER_S", 30.0),
+            release_engine=False,
         )
-        return worker.run()
+        code = worker.run()
     finally:
         store.close()
+    # The outcome is recorded: exit now, leaving the engine's memory to the OS (a graceful
+    # vLLM shutdown would keep Ray's job, and so a cancel, waiting for seconds).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -8,7 +8,7 @@ from pathlib import Path
 import streamlit as st
 import yaml
 
-from app import actions, forms
+from app import actions, auth, forms
 from app.state import get_store
 from app.views import param
 from engine.config import ConfigError, config_fields
@@ -17,7 +17,6 @@ from engine.model_files import ModelError
 from engine.paths import resolve_path
 from engine.presets import load_preset, preset_names
 from engine.rewards import BUILTIN_REWARDS, RewardError
-from jobs.launch import queue_run
 from jobs.store.errors import StoreError
 
 UPLOADS = "data/uploads"  # relative to the project root, like every config path
@@ -44,6 +43,10 @@ if clone and (fresh or st.session_state.get("new_cloned") != clone):
 forms.ensure_defaults()
 if clone:
     st.info(f"Cloning run {clone}: change what you need and queue it.")
+editor = auth.can_edit()
+if not editor:
+    st.info("You are a viewer: you can look at the form and export YAML; queueing a run "
+            "needs an editor.")
 
 
 def _preset() -> None:
@@ -106,20 +109,23 @@ left, right = st.columns(2)
 if config is not None:
     right.download_button("Export YAML", config.to_yaml(), "run.yaml", "text/yaml",
                           icon=":material/download:")
-if left.button("Queue run", type="primary", icon=":material/rocket_launch:"):
+if left.button("Queue run", type="primary", icon=":material/rocket_launch:",
+               disabled=not editor):
     if problems:
         st.session_state["new_errors"] = problems
         st.rerun()
     try:
-        run = queue_run(store, config, parent_id=int(clone) if clone.isdigit() else None,
-                        tags=[t.strip() for t in tags.split(",") if t.strip()])
+        run = actions.launch(store, config,
+                             parent_id=int(clone) if clone.isdigit() else None,
+                             tags=[t.strip() for t in tags.split(",") if t.strip()])
     except ConfigError as exc:
         st.session_state["new_errors"] = {e.field: e.message for e in exc.errors}
         st.rerun()
     except (DatasetError, RewardError, ModelError, StoreError) as exc:
         st.error(str(exc))
     else:
-        st.session_state["new_errors"] = {}
-        st.switch_page(actions.RUN_PAGE, query_params={"run": str(run.id)})
+        if run is not None:  # None: refused, and actions.launch said why
+            st.session_state["new_errors"] = {}
+            st.switch_page(actions.RUN_PAGE, query_params={"run": str(run.id)})
 if errors:
     st.error(f"{len(errors)} problem(s): " + "; ".join(f"{k}: {v}" for k, v in errors.items()))

@@ -4,13 +4,12 @@ the run is live), and tabs for configuration, samples, LBES, events and checkpoi
 import pandas as pd
 import streamlit as st
 
-from app import actions, charts, exports
+from app import actions, exports, report, run_charts
+from app.alignment_view import alignment_view
 from app.samples_view import lbes_view, samples_table
 from app.state import get_store
 from app.views import duration, elapsed, eta, param, set_param, smoothing_param
-from engine import metrics as mk
 from engine.paths import resolve_path
-from engine.schedules import planned_schedule
 from jobs.store.errors import StoreError
 
 REFRESH_SECONDS = 5
@@ -57,56 +56,22 @@ set_param("smooth", "" if smoothing == 0 else f"{smoothing:g}")
 x = X_AXES[axis]
 
 
-def schedule(key: str, kind: str, initial: str, final: str, rate: str, power: str):
-    """What was used so far and, dashed, the whole planned schedule."""
-    cfg = run.config
-    done = charts.frame(store.metric_buckets(run.id, key), "step")
-    plan = pd.DataFrame(columns=["step", "value"])
-    if run.total_steps and cfg.get(kind):
-        values = planned_schedule(cfg[kind], cfg[initial], cfg[final], run.total_steps,
-                                  cfg[rate], cfg[power])
-        plan = charts.downsample(pd.DataFrame({"step": range(len(values)), "value": values}),
-                                 "step", "value")
-    return charts.planned_chart(done, plan, f"{key} (planned dashed)")
-
-
 def live_charts() -> None:
-    points = pd.DataFrame(store.population_points(run.id),
-                          columns=["step", "member", "fitness", "shaped_fitness"])
-    if points.empty:
+    fitness = run_charts.population(store, run)
+    if fitness is None:
         st.info("No steps recorded yet; charts appear after the first step.")
         return
-    summary = points.groupby("step")["fitness"].agg(["min", "max", "mean"]).reset_index()
-    st.altair_chart(charts.population_chart(points, summary))
-    figures = []
-    for key, title in ((mk.reward_key(mk.TRAIN), "train reward mean"),
-                       (mk.reward_key(mk.TRAIN, stat="std"), "train reward std"),
-                       (mk.reward_key(mk.EVAL), "eval reward mean"),
-                       (mk.TOKENS_PER_SECOND, "tokens / s")):
-        df = charts.frame(store.metric_buckets(run.id, key), x, smoothing)
-        if not df.empty:
-            figures.append(charts.metric_chart(df, x, title))
-    figures.append(schedule(mk.NOISE_STD, "noise_std_scheduler_type", "noise_std",
-                            "noise_std_final", "noise_std_scheduler_rate",
-                            "noise_std_scheduler_power"))
-    figures.append(schedule(mk.LEARNING_RATE, "lr_scheduler_type", "learning_rate", "lr_final",
-                            "lr_scheduler_rate", "lr_scheduler_power"))
-    phases = [charts.frame(store.metric_buckets(run.id, mk.time_key(p)), x).assign(phase=p)
-              for p in mk.PHASES if p != "step"]
-    phases = [p for p in phases if not p.empty]
-    if phases:
-        figures.append(charts.metric_chart(pd.concat(phases), x, "seconds per phase",
-                                           color="phase", band=False))
+    st.altair_chart(fitness)
     columns = st.columns(2)
-    for i, figure in enumerate(figures):
+    for i, figure in enumerate(run_charts.metric_figures(store, run, x, smoothing)):
         columns[i % 2].altair_chart(figure)
 
 
 st.fragment(run_every=refresh)(live_charts)()
 
-config_tab, samples_tab, lbes_tab, events_tab, ckpt_tab, export_tab = st.tabs(
-    ["Configuration", "Samples", "LBES", "Events", "Checkpoints", "Export"], key="tab",
-    bind="query-params")
+config_tab, samples_tab, lbes_tab, align_tab, events_tab, ckpt_tab, export_tab = st.tabs(
+    ["Configuration", "Samples", "LBES", "Alignment", "Events", "Checkpoints", "Export"],
+    key="tab", bind="query-params")
 with config_tab:
     st.dataframe(pd.DataFrame({"option": list(run.config),
                                "value": [str(v) for v in run.config.values()]}),
@@ -115,6 +80,8 @@ with samples_tab:
     samples_table(store, run, "run_samples")
 with lbes_tab:
     lbes_view(store, run)
+with align_tab:
+    alignment_view(store, run)
 with events_tab:
     events = store.events(run.id)
     if events:
@@ -132,6 +99,10 @@ with ckpt_tab:
             st.download_button("Download as .tar", lambda: exports.folder_tar(chosen.path),
                                f"run-{run.id}-step-{chosen.step}.tar", "application/x-tar",
                                icon=":material/download:")
+            if not (resolve_path(chosen.path) / "config.json").is_file():
+                st.caption("A cancel's checkpoint: the fp32 master weights and the trainer "
+                           "state, what `eslab resume` needs, without the Hugging Face "
+                           "folder (the final model has it).")
     else:
         st.info("No checkpoints yet.")
 with export_tab:
@@ -139,3 +110,6 @@ with export_tab:
                        f"run-{run.id}.json", "application/json", icon=":material/download:")
     st.download_button("Metrics as CSV", lambda: exports.metrics_csv(store, run.id),
                        f"run-{run.id}-metrics.csv", "text/csv", icon=":material/download:")
+    st.download_button("Report as HTML (charts included, opens offline)",
+                       lambda: report.run_report(store, run.id), f"run-{run.id}.html",
+                       "text/html", icon=":material/download:")

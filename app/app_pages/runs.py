@@ -1,10 +1,12 @@
 """Runs: search, filter and sort every run; open, compare, cancel, clone or resume them.
-Filters, sort and page live in the URL; one page of runs is read at a time."""
+Filters, sort and page live in the URL; one page of runs is read at a time. While a listed
+run is queued or running the table refreshes itself (a fragment on a timer), and stops when
+none is."""
 
 import pandas as pd
 import streamlit as st
 
-from app import actions
+from app import actions, auth
 from app.state import get_store
 from app.views import (
     int_param,
@@ -17,9 +19,11 @@ from app.views import (
     task_name,
 )
 from engine import metrics as mk
+from jobs.store.records import RunRecord
 from jobs.store.status import RunStatus
 
 PAGE_SIZE = 50
+REFRESH_SECONDS = 5
 SORTS = {"newest": "-created_at", "oldest": "created_at", "name": "name", "status": "status",
          "method": "method", "most steps": "-step"}
 
@@ -56,46 +60,69 @@ if pages > 1:
     runs, _ = store.search_runs(text=text, statuses=statuses, methods=methods, tag=tag,
                                 order=SORTS[sort], limit=PAGE_SIZE, offset=PAGE_SIZE * (page - 1))
 
-ids = [r.id for r in runs]
-reward = mk.reward_key(mk.TRAIN)
-lines = store.sparklines(ids, reward, points=30)
-best = store.best_metrics(ids, mk.reward_key(mk.EVAL))
-table = pd.DataFrame([{
-    "id": r.id, "name": r.name, "status": r.status.value, "method": r.method,
-    "model": model_name(r), "task": task_name(r), "progress": progress(r),
-    "step": f"{r.step} / {r.total_steps or '?'}", "best eval reward": best.get(r.id),
-    "train reward": lines[r.id], "created": r.created_at, "tags": ", ".join(r.tags),
-    "open": f"/run?run={r.id}",
-} for r in runs])
-event = st.dataframe(
-    table, hide_index=True, on_select="rerun", selection_mode="multi-row", key="runs_table",
-    column_config={
-        "progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=1),
-        "train reward": st.column_config.LineChartColumn("train reward"),
-        "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm"),
-        "open": st.column_config.LinkColumn("open", display_text="open"),
-    },
-)
-selected = [runs[i] for i in event.selection.rows]
-st.caption(f"{total} runs · page {page} of {pages} · selected: "
-           + (", ".join(label(r) for r in selected) or "none"))
 
-b1, b2, b3, b4, b5, b6 = st.columns(6)
-if b1.button("Open", disabled=len(selected) != 1, icon=":material/open_in_new:"):
-    st.switch_page(actions.RUN_PAGE, query_params={"run": str(selected[0].id)})
-if b2.button("Compare", disabled=len(selected) < 2, icon=":material/compare:"):
-    st.switch_page(actions.COMPARE_PAGE,
-                   query_params={"runs": ",".join(str(r.id) for r in selected)})
-if b3.button("Clone", disabled=len(selected) != 1, icon=":material/content_copy:"):
-    st.switch_page(actions.NEW_PAGE, query_params={"clone": str(selected[0].id)})
-for column, title, icon, allowed, act in (
-        (b4, "Cancel", ":material/stop:", actions.can_cancel, actions.cancel),
-        (b5, "Resume", ":material/play_arrow:", actions.can_resume, actions.resume)):
-    if column.button(title, disabled=not any(allowed(r) for r in selected), icon=icon):
-        for r in selected:
-            if allowed(r):
-                act(store, r.id)
-        st.rerun()
-if b6.button("Delete", disabled=not selected or not all(actions.can_delete(r) for r in selected),
-             icon=":material/delete:"):
-    actions.confirm_delete(store, selected)
+def live(listed: list[RunRecord]) -> bool:
+    return any(not r.status.is_terminal() for r in listed)
+
+
+def table_and_actions(refreshing: bool) -> None:
+    """The table of this page of runs and the buttons acting on the selected ones."""
+    shown, _ = store.search_runs(text=text, statuses=statuses, methods=methods, tag=tag,
+                                 order=SORTS[sort], limit=PAGE_SIZE,
+                                 offset=PAGE_SIZE * (page - 1))
+    if refreshing and not live(shown):
+        st.rerun(scope="app")  # the last live run ended: redraw once without the timer
+    ids = [r.id for r in shown]
+    reward = mk.reward_key(mk.TRAIN)
+    lines = store.sparklines(ids, reward, points=30)
+    best = store.best_metrics(ids, mk.reward_key(mk.EVAL))
+    table = pd.DataFrame([{
+        "id": r.id, "name": r.name, "status": r.status.value, "method": r.method,
+        "model": model_name(r), "task": task_name(r), "progress": progress(r),
+        "step": f"{r.step} / {r.total_steps or '?'}", "best eval reward": best.get(r.id),
+        "train reward": lines[r.id], "created": r.created_at, "tags": ", ".join(r.tags),
+        "open": f"/run?run={r.id}",
+    } for r in shown])
+    event = st.dataframe(
+        table, hide_index=True, on_select="rerun", selection_mode="multi-row",
+        key="runs_table",
+        column_config={
+            "progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=1),
+            "train reward": st.column_config.LineChartColumn("train reward"),
+            "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm"),
+            "open": st.column_config.LinkColumn("open", display_text="open"),
+        },
+    )
+    selected = [shown[i] for i in event.selection.rows if i < len(shown)]
+    st.caption(f"{total} runs · page {page} of {pages} · selected: "
+               + (", ".join(label(r) for r in selected) or "none")
+               + (f" · refreshing every {REFRESH_SECONDS} s" if refreshing else ""))
+
+    editor = auth.can_edit()
+    b1, b2, b3, b4, b5, b6 = st.columns(6)
+    if b1.button("Open", disabled=len(selected) != 1, icon=":material/open_in_new:"):
+        st.switch_page(actions.RUN_PAGE, query_params={"run": str(selected[0].id)})
+    if b2.button("Compare", disabled=len(selected) < 2, icon=":material/compare:"):
+        st.switch_page(actions.COMPARE_PAGE,
+                       query_params={"runs": ",".join(str(r.id) for r in selected)})
+    if not editor:
+        b3.caption("Viewers cannot clone, cancel, resume or delete runs.")
+        return
+    if b3.button("Clone", disabled=len(selected) != 1, icon=":material/content_copy:"):
+        actions.clone(selected[0].id)
+    for column, title, icon, allowed, act in (
+            (b4, "Cancel", ":material/stop:", actions.can_cancel, actions.cancel),
+            (b5, "Resume", ":material/play_arrow:", actions.can_resume, actions.resume)):
+        if column.button(title, disabled=not any(allowed(r) for r in selected), icon=icon):
+            for r in selected:
+                if allowed(r):
+                    act(store, r.id)
+            st.rerun()
+    if b6.button("Delete",
+                 disabled=not selected or not all(actions.can_delete(r) for r in selected),
+                 icon=":material/delete:"):
+        actions.confirm_delete(store, selected)
+
+
+refreshing = live(runs)
+st.fragment(run_every=REFRESH_SECONDS if refreshing else None)(table_and_actions)(refreshing)

@@ -62,10 +62,18 @@ class _EngineHost:
 class EnginePool:
     """Members over engines; also generation and log-likelihoods of the unperturbed model."""
 
-    def __init__(self, model: str, *, num_engines: int = 1, **engine_options: Any) -> None:
-        """Start `num_engines` engines of `model`; `engine_options` go to VLLMEngine."""
+    def __init__(
+        self, model: str, *, num_engines: int = 1, engines_per_gpu: int = 1, **engine_options: Any
+    ) -> None:
+        """Start `num_engines` engines of `model`; `engine_options` go to VLLMEngine.
+
+        engines_per_gpu > 1 lets several engines (processes) share each GPU, so that several
+        members generate at once (see _start_actors).
+        """
         if num_engines < 1:
             raise ValueError(f"num_engines must be at least 1, got {num_engines}")
+        if engines_per_gpu < 1:
+            raise ValueError(f"engines_per_gpu must be at least 1, got {engines_per_gpu}")
         options = {"model": str(model), **engine_options}
         self.last_stats: dict[str, float] = {}
         self._owns_ray = False
@@ -76,7 +84,7 @@ class EnginePool:
 
             self._local = VLLMEngine(**options)
         else:
-            self._start_actors(num_engines, options)
+            self._start_actors(num_engines, options, engines_per_gpu)
 
     @classmethod
     def wrap(cls, engine: PerturbationEngine) -> EnginePool:
@@ -270,7 +278,14 @@ class EnginePool:
 
     # ---- Ray plumbing ------------------------------------------------------------------------
 
-    def _start_actors(self, num_engines: int, options: dict[str, Any]) -> None:
+    def _start_actors(
+        self, num_engines: int, options: dict[str, Any], engines_per_gpu: int = 1
+    ) -> None:
+        """One Ray actor per engine. On GPUs each asks for tensor_parallel_size /
+        engines_per_gpu GPUs, so engines_per_gpu of them share a card; they then split its
+        memory (gpu_memory_utilization None becomes 0.9 / engines_per_gpu) and start one
+        after another, since vLLM sizes its KV cache from the memory free while it profiles
+        and a neighbour starting at the same moment would skew that."""
         import ray
 
         if not ray.is_initialized():
@@ -278,7 +293,10 @@ class EnginePool:
             self._owns_ray = True
         tp = int(options.get("tensor_parallel_size", 1))
         on_gpu = ray.cluster_resources().get("GPU", 0) > 0
-        resources = {"num_cpus": 1, "num_gpus": tp if on_gpu else 0}
+        shared = on_gpu and engines_per_gpu > 1
+        resources = {"num_cpus": 1, "num_gpus": tp / engines_per_gpu if on_gpu else 0}
+        if shared and options.get("gpu_memory_utilization") is None:
+            options = {**options, "gpu_memory_utilization": 0.9 / engines_per_gpu}
         binds = [] if on_gpu else _cpu_bind_masks(num_engines, sorted(os.sched_getaffinity(0)))
         project_root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
         path = os.pathsep.join(p for p in (project_root, os.environ.get("PYTHONPATH")) if p)
@@ -289,6 +307,8 @@ class EnginePool:
                 options, env
             )
             self._actors.append(actor)
+            if shared:  # wait until it has profiled its memory before the next one starts
+                ray.wait([actor.info.remote()], num_returns=1)
         try:
             self.infos = ray.get([actor.info.remote() for actor in self._actors])
         except Exception as exc:

@@ -8,6 +8,7 @@ scheduler and the dashboard can read while one of them writes (MLflow PR 6490).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -21,7 +22,16 @@ BUSY_TIMEOUT_MS = 30_000
 
 
 def database_url() -> str:
+    """ESLAB_DATABASE_URL, else ESLAB_DATABASE_URL_FILE (a file holding the URL: how the
+    scheduler hands a URL with a password to its Ray jobs, whose environment variables the
+    Ray dashboard shows to anyone who can open it), else data/eslab.db."""
     url = os.environ.get("ESLAB_DATABASE_URL")
+    if not url and os.environ.get("ESLAB_DATABASE_URL_FILE"):
+        path = Path(os.environ["ESLAB_DATABASE_URL_FILE"])
+        try:
+            url = path.read_text().strip()
+        except OSError as exc:
+            raise StoreError(f"ESLAB_DATABASE_URL_FILE {path}: cannot read it ({exc})") from exc
     return url if url else f"sqlite:///{data_dir() / 'eslab.db'}"
 
 

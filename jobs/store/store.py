@@ -632,7 +632,8 @@ class Store:
 
     def metric_buckets(self, run: int | str, key: str, points: int = 400) -> list[dict[str, Any]]:
         """Metric `key` reduced in SQL to at most `points` step buckets, each with its first
-        step, mean, min, max and last wall time: spikes survive (min/max), rows stay few."""
+        step, mean, min, max, last value and last wall time: spikes survive (min/max), the
+        line ends where the run is (last), rows stay few."""
         m = models.Metric
         with self._session() as s:
             row = _find_run(s, run)
@@ -643,16 +644,22 @@ class Store:
                 return []
             width = max(1, -(-(span[1] - span[0] + 1) // points))
             bucket = ((m.step - span[0]) // width).label("bucket")
-            rows = s.execute(
-                select(func.min(m.step), func.avg(m.value), func.min(m.value),
-                       func.max(m.value), func.max(m.wall_time), bucket)
+            agg = (
+                select(bucket, func.min(m.step).label("first"), func.max(m.step).label("end"),
+                       func.avg(m.value).label("mean"), func.min(m.value).label("low"),
+                       func.max(m.value).label("high"), func.max(m.wall_time).label("wall"))
                 .where(m.run_id == row.id, m.key == key)
                 .group_by(bucket)
-                .order_by(bucket)
+                .subquery()
+            )
+            rows = s.execute(
+                select(agg.c.first, agg.c.mean, agg.c.low, agg.c.high, agg.c.wall, m.value)
+                .join(m, (m.run_id == row.id) & (m.key == key) & (m.step == agg.c.end))
+                .order_by(agg.c.bucket)
             )
             return [
                 {"step": r[0], "value": float(r[1]), "min": float(r[2]), "max": float(r[3]),
-                 "wall_time": float(r[4])}
+                 "wall_time": float(r[4]), "last": float(r[5])}
                 for r in rows
             ]
 

@@ -3,6 +3,7 @@ population rows, samples), shared by the AppTest and browser tests."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,14 @@ def seed(tmp_path: Path, dataset: Path) -> str:
     finally:
         store.close()
     return url
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """Debian's Chromium under Playwright, one per test module (skips without them)."""
+    from tests.app.browser import CHROMIUM, CHROMIUM_ARGS, playwright_or_skip
+
+    with playwright_or_skip().sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()

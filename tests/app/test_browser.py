@@ -6,7 +6,6 @@ render, and a run page's URL opens the same view. Screenshots go to the test's t
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,23 +19,10 @@ from engine import metrics as mk
 from engine.sink import StepReport
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
+from tests.app.browser import free_port, playwright_or_skip, shots_folder
 
-CHROMIUM = "/usr/bin/chromium"
 APP = Path(__file__).resolve().parents[2] / "app" / "main.py"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
-
-playwright_api = pytest.importorskip(
-    "playwright.sync_api", reason="the pip package `playwright` is not installed")
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is missing: install the Debian packages chromium and "
-                "chromium-driver", allow_module_level=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+playwright_api = playwright_or_skip()
 
 
 @pytest.fixture(scope="module")
@@ -83,19 +69,9 @@ def server(seeded_url, tmp_path_factory) -> Iterator[str]:
         log.close()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
 @pytest.fixture
 def shots(tmp_path) -> Path:
-    folder = Path(os.environ.get("ESLAB_TEST_OUTPUT", tmp_path))
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    return shots_folder(tmp_path)
 
 
 def test_runs_and_run_pages_in_chromium(server, browser, shots):

@@ -88,3 +88,16 @@ def test_the_default_model_folder_is_ignored_by_git():
         text=True,
     )
     assert result.returncode == 0
+
+
+def test_serve_binds_localhost_unless_told():
+    from app.cli import build_parser
+
+    assert build_parser().parse_args(["serve"]).host == "127.0.0.1"
+    assert build_parser().parse_args(["serve", "--host", "0.0.0.0"]).host == "0.0.0.0"
+    from jobs.service import dashboard_command
+
+    command = dashboard_command("0.0.0.0", 8600)
+    assert command[command.index("--server.address") + 1] == "0.0.0.0"
+    # the toolbar without Streamlit's developer items such as "Deploy"
+    assert command[command.index("--client.toolbarMode") + 1] == "viewer"

@@ -323,3 +323,13 @@ def test_new_run_clone_prefills_again_after_leaving_the_page(store):
     at.switch_page("app_pages/new_run.py").run()
     assert not at.exception
     assert at.selectbox(key="new_method").value == "lbes"
+
+
+def test_runs_page_refreshes_only_while_a_run_is_live(store):
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
+    assert "refreshing every 5 s" in at.caption[0].value  # both seeded runs are running
+    for run in store.search_runs()[0]:
+        store.set_status(run.id, RunStatus.SUCCEEDED)
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
+    assert not at.exception
+    assert "refreshing" not in at.caption[0].value

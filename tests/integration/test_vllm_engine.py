@@ -264,7 +264,10 @@ def test_two_engines_agree_with_one_and_a_mismatch_is_caught(
     (so this also proves vLLM loads and serves that folder)."""
     from engine.backends.pool import EnginePool
 
-    pool = EnginePool(str(updated_model.hf), num_engines=2, **vllm_engine_options)
+    # engines_per_gpu=2: on a one-GPU machine both engines share the card (no effect on the CPU)
+    pool = EnginePool(
+        str(updated_model.hf), num_engines=2, engines_per_gpu=2, **vllm_engine_options
+    )
     try:
         assert [c[0].text for c in pool.generate(PROMPTS, max_tokens=24)] == updated_model.texts
 

@@ -1,6 +1,7 @@
 """A stand-in for engine.trainer.train with the same contract and no vLLM: it reports
 metrics, population rows and samples through the sink, saves checkpoint-STEP/ folders,
-resumes from them and honours `should_stop`. Jobs tests run the real worker, scheduler and
+resumes from them and honours `should_stop`; it takes no `pool` (the worker starts an
+engine only for a trainer that takes one). Jobs tests run the real worker, scheduler and
 Ray with it, in seconds; tests/jobs/test_end_to_end.py runs the real trainer.
 
 Steps last ESLAB_STANDIN_STEP_S seconds (default 0.2). The run's reward function is
@@ -42,7 +43,6 @@ def train(
     config: RunConfig,
     sink: Sink,
     *,
-    pool: object = None,
     resume_from: str | Path | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> Path:
@@ -76,10 +76,10 @@ def train(
 
 
 def train_without_hook(
-    config: RunConfig, sink: Sink, *, pool: object = None, resume_from: str | Path | None = None
+    config: RunConfig, sink: Sink, *, resume_from: str | Path | None = None
 ) -> Path:
     """A trainer that cannot be asked to stop (the worker then stops it through the sink)."""
-    return train(config, sink, pool=pool, resume_from=resume_from)
+    return train(config, sink, resume_from=resume_from)
 
 
 def save(output_dir: Path, step: int) -> Path:

@@ -86,11 +86,11 @@ def test_a_submitted_run_trains_on_vllm_to_success(scheduler, sqlite_store, tmp_
     assert (tmp_path / "out" / "config.json").is_file()  # the final model
 
 
-# The issue asks for 15 s. Measured here: 11.7 s and 12 s on a quiet machine, more than 15 s
-# once under load (the member in flight finishes, then the checkpoint is saved and vLLM
-# shuts down). The bound below keeps CI honest about "stops promptly" without flaking; the
-# measured time is printed, and closing the gap to 15 s under load is open work.
-CANCEL_BOUND_S = 30
+# From the cancel request to the run recorded cancelled and its Ray job ended: the member in
+# flight finishes, a resume-only checkpoint (fp32 master + state) is saved, the outcome is
+# recorded, and the worker exits without a graceful vLLM shutdown. Measured 11.2 s with the
+# machine's 2 cores under a load average of 11.
+CANCEL_BOUND_S = 15
 
 
 def test_cancelling_a_real_run_stops_its_job_promptly(

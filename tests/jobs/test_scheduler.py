@@ -280,3 +280,21 @@ def test_a_submission_lost_with_its_ray_cluster_is_submitted_again(
     scheduler.tick()  # no lock yet: this tick takes it
     scheduler.tick()
     assert sqlite_store.get_run(run.id).ray_submission_id == run.uuid
+
+
+def test_a_database_password_reaches_the_job_in_a_private_file_not_its_environment(
+        monkeypatch):
+    from jobs.scheduler import _database_env
+    from jobs.store.database import database_url
+
+    url = "postgresql+psycopg://eslab:s3cret@db.example:5432/eslab"
+    env = _database_env(make_url(url))
+    assert "s3cret" not in "".join(env.values()) and env["ESLAB_DATABASE_URL"] == ""
+    path = env["ESLAB_DATABASE_URL_FILE"]
+    assert os.stat(path).st_mode & 0o077 == 0  # only this user can read it
+    monkeypatch.setenv("ESLAB_DATABASE_URL", "")
+    monkeypatch.setenv("ESLAB_DATABASE_URL_FILE", path)
+    assert database_url() == url  # what the worker connects to
+
+    sqlite = _database_env(make_url("sqlite:///relative/eslab.db"))
+    assert sqlite == {"ESLAB_DATABASE_URL": f"sqlite:///{os.path.abspath('relative/eslab.db')}"}

@@ -55,6 +55,7 @@ def test_sparklines_best_and_buckets_keep_spikes(store):
     buckets = store.metric_buckets(run.id, TRAIN, points=3)
     assert len(buckets) == 3 and [b["step"] for b in buckets] == [0, 4, 8]
     assert max(b["max"] for b in buckets) == 100.0  # the spike at step 7 survives
+    assert [b["last"] for b in buckets] == [3.0, 100.0, 9.0]  # each bucket's last value
     assert store.metric_buckets(run.id, "no/such/key") == []
 
 

@@ -136,3 +136,8 @@ def test_cpu_bind_masks_give_engines_disjoint_cores():
 def test_num_engines_must_be_positive():
     with pytest.raises(ValueError, match="num_engines"):
         EnginePool("model", num_engines=0)
+
+
+def test_engines_per_gpu_must_be_positive():
+    with pytest.raises(ValueError, match="engines_per_gpu"):
+        EnginePool("model", num_engines=2, engines_per_gpu=0)

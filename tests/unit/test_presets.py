@@ -2,12 +2,14 @@ import pytest
 
 from engine.presets import load_preset, preset_names
 
-
-def test_the_three_presets_exist():
-    assert preset_names() == ["es-conciseness", "es-countdown", "lbes-countdown"]
+PRESETS = ["es-alignment", "es-conciseness", "es-countdown", "lbes-countdown"]
 
 
-@pytest.mark.parametrize("name", ["es-conciseness", "es-countdown", "lbes-countdown"])
+def test_the_presets_exist():
+    assert preset_names() == PRESETS
+
+
+@pytest.mark.parametrize("name", PRESETS)
 def test_every_preset_is_a_valid_configuration(name):
     config = load_preset(name)
     assert config.method == name.split("-")[0]

@@ -242,6 +242,14 @@ class PerturbationWorkerExtension:
             for name, t, layout in zip(self._es_names, self._es_live, self._es_layouts, strict=True)
         ]
 
+    def es_check_synchronize(self) -> None:
+        """Wait for the device's queued work (weight changes on a GPU are asynchronous, so a
+        timing of perturb or update must end with this); nothing to wait for on the CPU."""
+        import torch
+
+        if self._es_live[0].device.type == "cuda":
+            torch.cuda.synchronize(self._es_live[0].device)
+
     def es_time_copy(self, repeats: int) -> list[float]:
         """Seconds of `repeats` plain copies of all serving weights into a spare buffer, after
         one untimed copy that faults its pages in (the yardstick of bench/perturb.py)."""
@@ -251,9 +259,11 @@ class PerturbationWorkerExtension:
         seconds = []
         with torch.inference_mode():
             for i in range(max(1, repeats) + 1):
+                self.es_check_synchronize()
                 start = time.perf_counter()
                 for dst, src in zip(spare, self._es_live, strict=True):
                     dst.copy_(src)
+                self.es_check_synchronize()
                 if i > 0:
                     seconds.append(time.perf_counter() - start)
         return seconds

@@ -1,0 +1,91 @@
+"""The Run page's Alignment tab: lambda and J_C, mean reward and cost, the safe ratio, each
+ensemble member's score, a reward-vs-cost scatter of one step's samples, and best-of-n
+curves of the run's checkpoints (`eslab bon` writes CHECKPOINT/bon.json)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from app import charts
+from app.samples_view import _step_picker
+from engine import metrics as mk
+from engine.paths import resolve_path
+from jobs.store.records import RunRecord
+from jobs.store.store import Store
+
+COST = "cost"  # engine.scoring.sources.COST, the sample part that holds C
+MEMBER_PREFIX = f"{mk.TRAIN}/member/"
+
+
+def _lines(store: Store, run: RunRecord, keys: dict[str, str], title: str) -> alt.Chart | None:
+    """Several metrics on one chart, coloured by their label."""
+    frames = [charts.frame(store.metric_buckets(run.id, key)).assign(series=label)
+              for key, label in keys.items()]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return None
+    return charts.metric_chart(pd.concat(frames), "step", title, color="series", band=False)
+
+
+def alignment_view(store: Store, run: RunRecord) -> None:
+    keys = store.metric_keys(run.id)
+    if mk.LAMBDA not in keys:
+        st.info("Not an alignment run: set scorer_url (and reward_source) to weigh a cost.")
+        return
+    members = {k: k[len(MEMBER_PREFIX):].rsplit("/", 1)[0] for k in keys
+               if k.startswith(MEMBER_PREFIX) and k.endswith("/mean")}
+    figures = [
+        _lines(store, run, {mk.LAMBDA: "lambda"}, "lambda"),
+        _lines(store, run, {mk.JC_RAW: "raw", mk.JC_SMOOTHED: "smoothed"}, "J_C = mean(C) - d"),
+        _lines(store, run, {mk.reward_key(mk.TRAIN): "reward", mk.reward_key(mk.TRAIN, COST):
+                            "cost"}, "mean reward and cost"),
+        _lines(store, run, {mk.SAFE_RATIO: "population", mk.BASE_SAFE_RATIO: "unperturbed"},
+               "safe ratio (cost <= 0)"),
+        _lines(store, run, members, "ensemble members' mean score") if members else None,
+    ]
+    columns = st.columns(2)
+    for i, figure in enumerate(f for f in figures if f is not None):
+        columns[i % 2].altair_chart(figure)
+    _scatter(store, run)
+    _best_of_n(store, run)
+
+
+def _scatter(store: Store, run: RunRecord) -> None:
+    steps = store.sample_steps(run.id, "train")
+    if not steps:
+        return
+    step = _step_picker(steps, "run_alignment_step", "alignment_step")
+    rows = [asdict(s) for s in store.samples(run.id, split="train", step=step)]
+    df = pd.DataFrame([{"reward": r["reward"], COST: r["reward_parts"].get(COST),
+                        "model": "unperturbed" if r["member"] is None else f"member {r['member']}",
+                        "completion": r["completion"]} for r in rows]).dropna()
+    if df.empty:
+        return
+    st.altair_chart(alt.Chart(df).mark_circle(size=40, opacity=0.7).encode(
+        x=alt.X("reward:Q"), y=alt.Y(f"{COST}:Q"), color=alt.Color("model:N"),
+        tooltip=["model", "reward", COST, "completion"],
+    ).properties(title=f"reward vs cost of the samples of step {step}", height=300))
+
+
+def _best_of_n(store: Store, run: RunRecord) -> None:
+    curves = []
+    for ckpt in store.checkpoints(run.id):
+        path = resolve_path(ckpt.path) / "bon.json"
+        if path.is_file():
+            for p in json.loads(path.read_text()):
+                curves += [{"n": p["n"], "score": p["proxy_score"], "kind": "proxy",
+                            "checkpoint": f"step {ckpt.step}"},
+                           {"n": p["n"], "score": p["gold_score"], "kind": "gold",
+                            "checkpoint": f"step {ckpt.step}"}]
+    if not curves:
+        st.caption("Best-of-n: run `eslab bon RUN --gold SPEC` to add curves here.")
+        return
+    st.altair_chart(alt.Chart(pd.DataFrame(curves)).mark_line(point=True).encode(
+        x=alt.X("n:Q", scale=alt.Scale(type="log", base=2)), y="score:Q",
+        color="checkpoint:N", strokeDash="kind:N", tooltip=["checkpoint", "kind", "n", "score"],
+    ).properties(title="best-of-n: proxy vs gold score", height=280))

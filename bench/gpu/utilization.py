@@ -1,0 +1,151 @@
+"""Engine utilization of an ES iteration on a GPU, with one or several engines per GPU.
+
+    python3 bench/gpu/utilization.py MODEL_DIR [--engines 1 4 8] [--population 32]
+        [--prompts 8] [--max-tokens 128] [--steps 1] [--json FILE]
+
+utilization = generated tokens per second of an ES iteration (population members, each
+generating for `prompts` prompts, greedy) / tokens per second of ONE batched generate call of
+256 prompts on one engine of the unperturbed model (what the engine can do when its batch is
+full). With one engine, members run one at a time and its batch holds only `prompts`
+sequences; with K engines sharing the GPU (EnginePool engines_per_gpu=K, Ray actors) K members
+generate at once. A random-weight model generates until max_tokens almost always, so every
+member does the same work.
+
+Also prints the weight operations against one plain copy of all weights (inside the worker,
+synchronized): perturb, restore and an update of `population` members. Prints one table row
+per engine count and writes every figure to --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from engine import metrics as mk
+from engine.backends.pool import EnginePool
+from engine.config import RunConfig
+from engine.data.datasets import load_dataset
+from engine.paths import data_dir
+from engine.sink import MemorySink
+from engine.trainer import train
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from table import BATCH, PHASES, print_table
+
+TRAIN_FILE = data_dir() / "conciseness" / "train.parquet"
+
+
+def batched_tokens_per_s(pool: EnginePool, max_tokens: int) -> float:
+    """Tokens/s of one generate call of BATCH prompts (after one untimed warm-up call)."""
+    prompts = [e.prompt for e in load_dataset(TRAIN_FILE)]
+    batch = [prompts[i % len(prompts)] for i in range(BATCH)]
+    pool.generate(batch[:16], max_tokens=8)
+    start = time.perf_counter()
+    out = pool.generate(batch, temperature=0.0, max_tokens=max_tokens)
+    seconds = time.perf_counter() - start
+    return sum(c.num_tokens for cs in out for c in cs) / seconds
+
+
+def es_iteration(pool: EnginePool, args: argparse.Namespace) -> dict[str, float]:
+    """Mean metrics of the measured ES steps (the first step is a warm-up)."""
+    config = RunConfig.from_flat({
+        "method": "es", "train_file": str(TRAIN_FILE), "output_dir": "/tmp/eslab-gpu-bench",
+        "reward_func_path": "engine.rewards.conciseness.compute_score",
+        "population_size": args.population, "data_batch_size": args.prompts,
+        "max_steps": args.steps + 1, "max_tokens": args.max_tokens, "noise_std": 0.002,
+        "learning_rate": 1e-5,
+    })
+    sink = MemorySink()
+    train(config, sink, pool=pool)
+    measured = [s.metrics for s in sink.steps[1:]]
+    keys = [mk.time_key("step"), mk.NUM_TOKENS, *(mk.time_key(p) for p in PHASES)]
+    return {k: float(np.mean([m.get(k, 0.0) for m in measured])) for k in keys}
+
+
+def weight_ops(pool: EnginePool, population: int, repeats: int = 10) -> dict[str, float]:
+    """Median seconds of copy, perturb, restore, update(population), each synchronized."""
+    engine = pool._local
+    assert engine is not None, "weight_ops needs a pool of one engine"
+
+    def timed(fn, n: int = repeats) -> float:
+        fn(-1)
+        engine.check("es_check_synchronize")
+        out = []
+        for i in range(repeats):
+            start = time.perf_counter()
+            fn(i)
+            engine.check("es_check_synchronize")
+            out.append(time.perf_counter() - start)
+        return statistics.median(out)
+
+    copy = statistics.median(engine.llm.collective_rpc("es_time_copy", args=(repeats,))[0])
+    rng = np.random.default_rng(0)
+    ops = {
+        "copy": copy,
+        "perturb": timed(lambda i: engine.perturb(50_000 + i, 0.002)),
+        "restore": timed(lambda i: engine.restore()),
+        f"update_{population}": timed(lambda i: engine.update(
+            [int(s) for s in rng.integers(0, 2**31, population)],
+            [float(c) for c in rng.normal(0.0, 1e-6, population)])),
+        # the pool checks engines agree after every update: part of the trainer's update phase
+        "checksum": timed(lambda i: engine.checksum(), 3),
+    }
+    return ops
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model")
+    parser.add_argument("--engines", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--population", type=int, default=32)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--memory", type=float, default=0.5,
+                        help="share of the GPU's memory for all engines of a row together")
+    args = parser.parse_args()
+
+    import torch
+
+    card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    results = {"model": args.model, "card": card, "population": args.population,
+               "prompts": args.prompts, "max_tokens": args.max_tokens, "rows": []}
+    common = {"max_model_len": args.max_model_len, "seed": 0}
+    # engines in Ray actors free their memory when killed; an in-process engine does not, so
+    # the one-engine row (which also measures the 256-prompt call) runs last
+    for k in sorted(args.engines, reverse=True):
+        start = time.perf_counter()
+        # an engine of several only ever holds one member's prompts: fewer CUDA graphs
+        seqs = BATCH if k == 1 else 4 * args.prompts
+        # an in-process engine does not give all its memory back at shutdown: leave room
+        pool = EnginePool(args.model, num_engines=k, engines_per_gpu=k, max_num_seqs=seqs,
+                          gpu_memory_utilization=args.memory / k, **common)
+        started = time.perf_counter() - start
+        try:
+            if k == 1:
+                info = pool._local.info
+                results["parameters"] = info["num_parameters"]
+                results["packed_tensors"] = info["packed_tensors"]
+                results["batched_tokens_per_s"] = batched_tokens_per_s(pool, args.max_tokens)
+            row = {"engines": k, "start_s": started, **es_iteration(pool, args)}
+            if k == 1:
+                results["weight_ops_s"] = weight_ops(pool, args.population)
+        finally:
+            pool.shutdown()
+        results["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        if args.json:  # after every row: a run cut short keeps what it measured
+            args.json.write_text(json.dumps(results, indent=1))
+    print_table(results)
+
+
+if __name__ == "__main__":
+    main()

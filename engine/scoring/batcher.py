@@ -1,0 +1,79 @@
+"""Cross-request batching for the scorer service.
+
+Several vLLM engines score their members at once, each sending small requests; scoring them
+one by one would run many tiny forward passes. The batcher's worker thread takes every
+request that arrives within `max_wait_s` of the first, scores them together in micro-batches
+of the models' batch size, and hands each request its own slice of the results.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from engine.scoring.models import ScoringModel
+
+
+@dataclass
+class _Job:
+    prompts: list[str]
+    responses: list[str]
+    done: threading.Event = field(default_factory=threading.Event)
+    rewards: list[float] = field(default_factory=list)
+    costs: list[float] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+class RequestBatcher:
+    """Merges concurrent score requests into shared forward passes (one worker thread)."""
+
+    def __init__(self, reward: ScoringModel, cost: ScoringModel, max_wait_s: float = 0.01,
+                 max_items: int = 1024) -> None:
+        self.reward, self.cost = reward, cost
+        self.max_wait_s, self.max_items = max_wait_s, max_items
+        self.requests = 0  # requests scored
+        self.rounds = 0  # merged rounds (fewer than requests when batching helped)
+        self._queue: queue.Queue[_Job] = queue.Queue()
+        threading.Thread(target=self._run, name="scorer-batcher", daemon=True).start()
+
+    def score(self, prompts: list[str], responses: list[str]) -> tuple[list[float], list[float]]:
+        job = _Job(prompts, responses)
+        self._queue.put(job)
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.rewards, job.costs
+
+    def _collect(self) -> list[_Job]:
+        jobs = [self._queue.get()]
+        deadline = time.monotonic() + self.max_wait_s
+        while sum(len(j.prompts) for j in jobs) < self.max_items:
+            try:
+                jobs.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                break
+        return jobs
+
+    def _run(self) -> None:
+        while True:
+            jobs = self._collect()
+            prompts = [p for j in jobs for p in j.prompts]
+            responses = [r for j in jobs for r in j.responses]
+            try:
+                rewards = self.reward.score(prompts, responses)
+                costs = self.cost.score(prompts, responses)
+            except Exception as exc:  # every waiting request gets the error, not a hang
+                for job in jobs:
+                    job.error = exc
+                    job.done.set()
+                continue
+            start = 0
+            for job in jobs:
+                end = start + len(job.prompts)
+                job.rewards, job.costs = rewards[start:end], costs[start:end]
+                start = end
+                job.done.set()
+            self.requests += len(jobs)
+            self.rounds += 1

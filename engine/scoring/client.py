@@ -1,0 +1,122 @@
+"""The training side of the scorer: batched, time-limited, retried calls to `/score_batch`.
+
+The jbejjani2022 fork's client returned zeros for every sample on any HTTP error, which ES
+then optimises as if it were a score. Here every failure — the service down, slower than the
+timeout, an HTTP error, malformed JSON, lists of the wrong length or non-finite numbers —
+raises ScorerError naming the scorer URL, after `retries` further attempts for the transient
+kinds (connection refused, timeout, 5xx).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+RETRY_PAUSE_S = 0.5
+
+
+class ScorerError(Exception):
+    """The scorer service could not score a batch; the message names its URL."""
+
+
+class _Transient(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class ScorerClient:
+    """Picklable settings (tasks carry it to Ray actors); each call opens its own connection."""
+
+    url: str
+    batch_size: int = 16
+    timeout_s: float = 60.0
+    retries: int = 2
+
+    @property
+    def base(self) -> str:
+        return self.url.rstrip("/")
+
+    def health(self) -> dict:
+        """GET /health; raises ScorerError when the service does not answer ok."""
+        import httpx
+
+        try:
+            response = httpx.get(f"{self.base}/health", timeout=self.timeout_s)
+            response.raise_for_status()
+            return response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise ScorerError(f"scorer {self.base} is not healthy: {_describe(exc)}; start it "
+                              "with `eslab scorer serve` or fix scorer_url") from exc
+
+    def score(self, prompts: list[str], responses: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(rewards, costs), one each per pair, in batches of `batch_size`."""
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+        rewards: list[float] = []
+        costs: list[float] = []
+        for start in range(0, len(prompts), self.batch_size):
+            r, c = self._score_with_retries(prompts[start:start + self.batch_size],
+                                            responses[start:start + self.batch_size])
+            rewards += r
+            costs += c
+        return np.array(rewards, dtype=np.float64), np.array(costs, dtype=np.float64)
+
+    def _score_with_retries(self, prompts: list[str],
+                            responses: list[str]) -> tuple[list[float], list[float]]:
+        for attempt in range(self.retries + 1):
+            try:
+                return self._score_once(prompts, responses)
+            except _Transient as exc:
+                if attempt == self.retries:
+                    raise ScorerError(f"scorer {self.base} failed {attempt + 1} time(s): "
+                                      f"{exc}") from None
+                time.sleep(RETRY_PAUSE_S * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    def _score_once(self, prompts: list[str],
+                    responses: list[str]) -> tuple[list[float], list[float]]:
+        import httpx
+
+        url = f"{self.base}/score_batch"
+        try:
+            response = httpx.post(url, json={"prompts": prompts, "responses": responses},
+                                  timeout=self.timeout_s)
+        except httpx.TimeoutException as exc:
+            raise _Transient(f"no answer within the {self.timeout_s:g} s timeout "
+                             f"({type(exc).__name__})") from exc
+        except httpx.HTTPError as exc:
+            raise _Transient(_describe(exc)) from exc
+        if response.status_code >= 500:
+            raise _Transient(f"HTTP {response.status_code}: {response.text[:200]}")
+        if response.status_code != 200:
+            raise ScorerError(f"scorer {url} refused the batch: HTTP {response.status_code}: "
+                              f"{response.text[:200]}")
+        try:
+            body = response.json()
+        except ValueError:
+            raise ScorerError(f"scorer {url} answered with malformed JSON: "
+                              f"{response.text[:200]!r}") from None
+        return (self._floats(body, "rewards", len(prompts), url),
+                self._floats(body, "costs", len(prompts), url))
+
+    @staticmethod
+    def _floats(body: object, key: str, expected: int, url: str) -> list[float]:
+        values = body.get(key) if isinstance(body, dict) else None
+        if not isinstance(values, list):
+            raise ScorerError(f"scorer {url} answered without a list {key!r}: "
+                              f"{str(body)[:200]}")
+        if len(values) != expected:
+            raise ScorerError(f"scorer {url} answered {len(values)} {key} for {expected} "
+                              "responses")
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ScorerError(f"scorer {url} answered {key} value {v!r}, which is not a "
+                                  "finite number")
+        return [float(v) for v in values]
+
+
+def _describe(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

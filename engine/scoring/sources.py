@@ -1,0 +1,120 @@
+"""Where a run's reward R (and cost C) come from: a reward function, the scorer service, or an
+ensemble of reward functions and scorer reward models (engine/ensembles.py).
+
+`RewardSources` is picklable (tasks carry it to Ray actors) and turns one batch of generated
+completions into a ScoredBatch: `rewards` is R, `parts["cost"]` is C when a scorer is set,
+and `parts["member/<name>"]` each ensemble member's own score, so the dashboard can show where
+members disagree. The scorer sees the prompt (the last user message) as context and the
+completion as the text it scores, as two segments of one pair.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine.ensembles import TRAINING_DDOF, combine
+from engine.scoring.client import ScorerClient
+
+if TYPE_CHECKING:
+    from engine.backends.base import Completion
+    from engine.config import RunConfig
+    from engine.tasks import ScoredBatch
+
+COST = "cost"
+SCORER_MEMBER = "scorer"
+
+
+def member_name(member: str) -> str:
+    """A short, metric-key-safe name: `conciseness` for a function path of module
+    engine.rewards.conciseness, `scorer`, or host_port for another scorer."""
+    if member == SCORER_MEMBER:
+        return member
+    if member.startswith(("http://", "https://")):
+        return member.split("://", 1)[1].rstrip("/").replace(":", "_").replace("/", "_")
+    module, _, function = member.rpartition(".")
+    return module.rpartition(".")[2] if function == "compute_score" else function
+
+
+@dataclass(frozen=True)
+class RewardSources:
+    reward_source: str  # function | scorer | ensemble
+    reward_func_path: str | None
+    scorer_url: str | None  # gives C (and R with reward_source scorer)
+    members: tuple[str, ...] = ()
+    ensemble_method: str = "mean"
+    uwo_weight: float = 0.1
+    scorer_batch_size: int = 16
+    scorer_timeout_s: float = 60.0
+    scorer_retries: int = 2
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> RewardSources | None:
+        """None for a plain run (a reward function and no scorer)."""
+        a, e = config.alignment, config.ensemble
+        if a.reward_source == "function" and a.scorer_url is None:
+            return None
+        members = tuple(m.strip() for m in (e.ensemble_members or "").split(",") if m.strip())
+        return cls(reward_source=a.reward_source, reward_func_path=config.reward.reward_func_path,
+                   scorer_url=a.scorer_url, members=members, ensemble_method=e.ensemble_method,
+                   uwo_weight=e.uwo_weight, scorer_batch_size=a.scorer_batch_size,
+                   scorer_timeout_s=a.scorer_timeout_s, scorer_retries=a.scorer_retries)
+
+    def client(self, url: str) -> ScorerClient:
+        """A client for `url` with the run's batch size, timeout and retries."""
+        return ScorerClient(url, self.scorer_batch_size, self.scorer_timeout_s,
+                            self.scorer_retries)
+
+    def member_names(self) -> list[str]:
+        names = [member_name(m) for m in self.members]
+        return [n if names.count(n) == 1 else f"{n}{i}" for i, n in enumerate(names)]
+
+    def score(self, outputs: list[list[Completion]], prompts: list[list[dict[str, str]]],
+              reward_func_args: list[dict[str, Any]], description: str) -> ScoredBatch:
+        from engine.tasks import ScoredBatch, score_batch
+
+        shape = (len(outputs), len(outputs[0]) if outputs else 0)
+        pairs = [(_context(prompt), c.text) for prompt, cs in zip(prompts, outputs, strict=True)
+                 for c in cs]
+        context, texts = [p for p, _ in pairs], [t for _, t in pairs]
+        scorer_rewards = costs = None
+        if self.scorer_url is not None:
+            scorer_rewards, costs = self.client(self.scorer_url).score(context, texts)
+
+        def by_function(path: str) -> ScoredBatch:
+            return score_batch(outputs, reward_func_args, path, description)
+
+        parts: dict[str, np.ndarray] = {}
+        if self.reward_source == "function":
+            assert self.reward_func_path is not None  # the config's rule
+            batch = by_function(self.reward_func_path)
+            rewards, parts = batch.rewards, batch.parts
+        elif self.reward_source == "scorer":
+            rewards = scorer_rewards.reshape(shape)
+        else:
+            scores = []
+            for member, name in zip(self.members, self.member_names(), strict=True):
+                if member == SCORER_MEMBER:
+                    values = scorer_rewards.reshape(shape)
+                elif member.startswith(("http://", "https://")):
+                    values = self.client(member).score(context, texts)[0].reshape(shape)
+                else:
+                    values = by_function(member).rewards
+                parts[f"member/{name}"] = values
+                scores.append(values)
+            rewards = combine(np.stack(scores), self.ensemble_method, self.uwo_weight,
+                              ddof=TRAINING_DDOF)
+        if costs is not None:
+            parts[COST] = costs.reshape(shape)
+        return ScoredBatch(
+            texts=[[c.text for c in cs] for cs in outputs], rewards=rewards, parts=parts,
+            num_tokens=np.array([[c.num_tokens for c in cs] for cs in outputs], dtype=np.int64),
+            clipped=np.array([[not c.finished for c in cs] for cs in outputs], dtype=bool))
+
+
+def _context(prompt: list[dict[str, str]]) -> str:
+    """What the scorer reads as the prompt: the last user message."""
+    users = [m["content"] for m in prompt if m["role"] == "user"]
+    return users[-1] if users else "\n\n".join(m["content"] for m in prompt)

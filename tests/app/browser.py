@@ -1,0 +1,36 @@
+"""What the browser tests share: Debian's Chromium (never a downloaded browser) driven by
+Playwright, a free port, and where screenshots go ($ESLAB_TEST_OUTPUT or the test's tmp)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+def playwright_or_skip():
+    """The playwright.sync_api module; skips the calling module without it or Chromium."""
+    api = pytest.importorskip("playwright.sync_api",
+                              reason="the pip package `playwright` is not installed")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: install the Debian packages chromium and "
+                    "chromium-driver", allow_module_level=True)
+    return api
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shots_folder(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get("ESLAB_TEST_OUTPUT", tmp_path))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

@@ -1,0 +1,75 @@
+"""The Run page's Alignment tab under AppTest, on a seeded alignment run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import streamlit as st
+
+from engine import metrics as mk
+from engine.sink import PopulationRecord, SampleRecord, StepReport
+from jobs.store.status import RunStatus
+from jobs.store.store import Store
+from tests.app.conftest import make_config
+from tests.app.test_pages import page
+
+
+@pytest.fixture
+def aligned(seeded_url, dataset, tmp_path, monkeypatch):
+    monkeypatch.setenv("ESLAB_DATABASE_URL", seeded_url)
+    st.cache_resource.clear()
+    st.cache_data.clear()
+    store = Store(seeded_url)
+    config = make_config(dataset, tmp_path / "aligned", scorer_url="http://127.0.0.1:9")
+    run = store.create_run(name="aligned-run", method="es", config=config.to_flat(),
+                           total_steps=3, status=RunStatus.RUNNING)
+    for step in (1, 2):
+        store.record_step(run.id, StepReport(
+            step=step,
+            metrics={mk.LAMBDA: 1.0 / step, mk.JC_RAW: -1.0, mk.JC_SMOOTHED: -0.5,
+                     mk.reward_key(mk.TRAIN): 0.3, mk.reward_key(mk.TRAIN, "cost"): -0.7,
+                     mk.SAFE_RATIO: 0.75, "train/member/scorer/mean": 0.2},
+            population=[PopulationRecord(member=m, seed=m, fitness=0.1, shaped_fitness=0.0,
+                                         reward=0.3, cost=-0.2) for m in range(2)],
+            samples=[SampleRecord(split="train", prompt_index=i, sample_index=0, prompt="p",
+                                  completion=f"answer {i}", reward=0.1 * i,
+                                  reward_parts={"cost": -0.1 * i}, member=None if i else 0)
+                     for i in range(3)]))
+    checkpoint = tmp_path / "aligned" / "checkpoint-2"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "bon.json").write_text(json.dumps(
+        [{"n": n, "proxy_score": 0.1 * n, "gold_score": 0.05 * n} for n in (1, 2, 4)]))
+    store.add_checkpoint(run.id, 2, str(checkpoint))
+    yield store, run
+    store.close()
+    st.cache_resource.clear()
+
+
+def test_alignment_tab_draws_lambda_costs_scatter_and_best_of_n(aligned):
+    _, run = aligned
+    at = page("app_pages/run.py", run=str(run.id))
+    assert not at.exception
+    charts = [c.proto.spec for c in at.get("vega_lite_chart")]
+    text = "\n".join(charts)
+    for title in ("lambda", "J_C = mean(C) - d", "mean reward and cost", "safe ratio",
+                  "ensemble members", "reward vs cost of the samples of step 2",
+                  "best-of-n: proxy vs gold score"):
+        assert title in text, title
+
+
+def test_alignment_tab_of_a_plain_run_says_so(store_url_plain):
+    at = page("app_pages/run.py", run=str(store_url_plain))
+    assert not at.exception
+    assert any("Not an alignment run" in i.value for i in at.info)
+
+
+@pytest.fixture
+def store_url_plain(seeded_url, monkeypatch):
+    monkeypatch.setenv("ESLAB_DATABASE_URL", seeded_url)
+    st.cache_resource.clear()
+    store = Store(seeded_url)
+    run_id = store.search_runs(text="alpha")[0][0].id
+    store.close()
+    yield run_id
+    st.cache_resource.clear()

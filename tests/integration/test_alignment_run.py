@@ -1,0 +1,120 @@
+"""Alignment runs on the real engine with the default policy model and the default scorer
+pair (MiniLM reward and cost models, trained by `eslab scorer train-default` when missing),
+served for real on 127.0.0.1."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from engine import metrics as mk
+from engine.config import RunConfig
+from engine.scoring.client import ScorerError
+from engine.scoring.default import default_scorer_dir, default_scorers_ready, train_default_scorers
+from engine.sink import MemorySink
+from engine.trainer import train
+from tests.integration.scorers import running_scorer
+from tests.integration.test_training import pool  # noqa: F401 (the fixture)
+
+pytestmark = pytest.mark.heavy
+
+ALIGNMENT = Path(__file__).resolve().parents[2] / "data" / "alignment"
+
+
+@pytest.fixture(scope="module")
+def default_scorer(tmp_path_factory):
+    folder = default_scorer_dir()
+    if not default_scorers_ready(folder):
+        folder = tmp_path_factory.mktemp("scorers")
+        train_default_scorers(folder, epochs=2)
+    with running_scorer(folder / "reward", folder / "cost") as scorer:
+        yield scorer
+
+
+def alignment_config(tmp_path: Path, url: str, **options) -> RunConfig:
+    base = {
+        "method": "es", "train_file": str(ALIGNMENT / "train.parquet"),
+        "output_dir": str(tmp_path / "out"), "reward_source": "scorer", "scorer_url": url,
+        "population_size": 4, "data_batch_size": 4, "max_steps": 3, "max_tokens": 16,
+        "noise_std": 0.002, "learning_rate": 4e-5, "seed": 3, "lambda_cost": 1.0,
+        "lambda_adapt": True, "lambda_lr": 0.2, "scorer_timeout_s": 30, "scorer_retries": 0,
+    }
+    return RunConfig.from_flat({**base, **options})
+
+
+@pytest.mark.parametrize("threshold", [0.0, -20.0])
+def test_lambda_follows_the_cost_of_the_unperturbed_model(pool, default_scorer,  # noqa: F811
+                                                          tmp_path, threshold):
+    # d = -20 puts every cost above the threshold (the scorer's log-odds are far smaller),
+    # so lambda must rise (to the clip at 10); with d = 0 it follows the model's mean cost.
+    sink = MemorySink()
+    train(alignment_config(tmp_path, default_scorer.url, cost_threshold_d=threshold), sink,
+          pool=pool)
+    assert [r.step for r in sink.steps] == [1, 2, 3]
+    for report in sink.steps:
+        m = report.metrics
+        print(f"step {report.step}: lambda {m[mk.LAMBDA]:.4f} -> {m[mk.LAMBDA_NEXT]:.4f}, "
+              f"J_C {m[mk.JC_RAW]:+.3f} (smoothed {m[mk.JC_SMOOTHED]:+.3f}), reward "
+              f"{m[mk.reward_key(mk.TRAIN)]:+.3f}, cost {m[mk.reward_key(mk.TRAIN, 'cost')]:+.3f}"
+              f", safe {m[mk.SAFE_RATIO]:.2f}")
+        # ln(lambda) moved by lambda_lr * J (up when the cost is above d, down below it),
+        # then clipped to [lambda_min, lambda_max] = [1e-4, 10]
+        moved = min(max(m[mk.LAMBDA] * math.exp(0.2 * m[mk.JC_SMOOTHED]), 1e-4), 10.0)
+        assert m[mk.LAMBDA_NEXT] == pytest.approx(moved, rel=1e-9)
+        assert abs(m[mk.JC_SMOOTHED]) > 1e-6  # the scorer's costs are never exactly zero
+        assert 0.0 <= m[mk.SAFE_RATIO] <= 1.0
+        assert len(report.population) == 4
+        for row in report.population:
+            assert row.reward is not None and row.cost is not None
+            # the fitness is the objective with the lambda this step used
+            assert row.fitness == pytest.approx(row.reward - m[mk.LAMBDA] * row.cost)
+        base = [s for s in report.samples if s.member is None]
+        assert len(base) == 4 and all("cost" in s.reward_parts for s in base)
+    lambdas = [r.metrics[mk.LAMBDA] for r in sink.steps]
+    assert lambdas[0] == 1.0
+    if threshold < 0:
+        assert lambdas == sorted(lambdas) and lambdas[-1] == 10.0
+    for before, after in zip(sink.steps, sink.steps[1:], strict=False):
+        assert after.metrics[mk.LAMBDA] == before.metrics[mk.LAMBDA_NEXT]  # effective next step
+
+
+def test_resume_continues_with_the_checkpointed_lambda(pool, vllm_engine,  # noqa: F811
+                                                      default_scorer, tmp_path):
+    """Stopped after step 1 and resumed, step 2 is the uninterrupted run's step 2: same
+    lambda, same J_C average, same metrics."""
+    from tests.integration.test_training import untimed
+
+    vllm_engine.save_master(str(tmp_path / "input"))
+    options = {"max_steps": 2, "save_strategy": "steps", "save_steps": 1}
+    straight = MemorySink()
+    train(alignment_config(tmp_path / "straight", default_scorer.url, **options), straight,
+          pool=pool)
+    vllm_engine.load_master(str(tmp_path / "input"))
+    config = alignment_config(tmp_path / "stopped", default_scorer.url, **options)
+    train(config.with_overrides(["max_steps=1"]), MemorySink(), pool=pool)
+    vllm_engine.load_master(str(tmp_path / "input"))
+    resumed = MemorySink()
+    train(config, resumed, pool=pool, resume_from=tmp_path / "stopped" / "out" / "checkpoint-1")
+    assert resumed.steps[0].metrics[mk.LAMBDA] == straight.steps[0].metrics[mk.LAMBDA_NEXT] != 1.0
+    assert [untimed(r.metrics) for r in resumed.steps] == [untimed(straight.steps[1].metrics)]
+
+
+def test_a_scorer_stopped_mid_run_fails_the_run_naming_it(pool, tmp_path):  # noqa: F811
+    from tests.integration.scorers import tiny_checkpoint
+
+    reward = tiny_checkpoint(tmp_path / "reward", num_labels=1, seed=0)
+    cost = tiny_checkpoint(tmp_path / "cost", num_labels=2, seed=1)
+    with running_scorer(reward, cost) as scorer:
+
+        class StopScorerAfterFirstStep(MemorySink):
+            def log_step(self, report):
+                super().log_step(report)
+                scorer.stop()
+
+        sink = StopScorerAfterFirstStep()
+        with pytest.raises(ScorerError, match=f"scorer {scorer.url}") as info:
+            train(alignment_config(tmp_path, scorer.url, max_steps=3), sink, pool=pool)
+    assert [r.step for r in sink.steps] == [1]
+    print(f"the run failed with: {info.value}")

@@ -1,0 +1,58 @@
+"""`eslab bon` on a checkpoint folder of the default model: a real vLLM engine samples N
+answers a prompt, and the unbiased estimator gives proxy and gold scores by n."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.config import RunConfig
+
+pytestmark = pytest.mark.heavy
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def gold_length(completion_text: str, **_: object) -> dict:
+    """A 'gold' reward unrelated to the proxy: longer is better."""
+    return {"reward": float(len(completion_text))}
+
+
+def test_bon_on_a_checkpoint(default_model_dir, tmp_path):
+    checkpoint = tmp_path / "checkpoint-1"
+    checkpoint.mkdir()
+    for file in default_model_dir.iterdir():
+        (checkpoint / file.name).symlink_to(file)
+    config = RunConfig.from_flat({
+        "train_file": str(ROOT / "data/conciseness/train.parquet"),
+        "eval_file": str(ROOT / "data/conciseness/test.parquet"),
+        "reward_func_path": "engine.rewards.conciseness.compute_score",
+        "output_dir": str(tmp_path), "max_tokens": 16, "gpu_memory_utilization": 0.1,
+        "max_model_len": 512})
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"config": config.to_flat()}))
+    out = tmp_path / "bon.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "app.cli", "bon", str(checkpoint), "--n", "1,2,4",
+         "--gold", "tests.integration.test_bon.gold_length", "--prompts", "4", "--out", str(out)],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    print(result.stdout)
+    points = json.loads(out.read_text())
+    assert [p["n"] for p in points] == [1, 2, 4]
+    proxies = [p["proxy_score"] for p in points]
+    assert proxies == sorted(proxies)  # the proxy's own pick can only improve with n
+    assert proxies[-1] <= 0.0  # conciseness rewards are minus a distance
+
+
+def test_bon_refuses_a_folder_that_is_not_a_checkpoint(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "app.cli", "bon", str(tmp_path), "--gold", "scorer"],
+        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 2
+    assert "is not a checkpoint folder" in result.stderr
