@@ -312,6 +312,38 @@ class LoggingConfig:
     run_name: str | None = _option(None, "Display name of the run; None lets ES Lab pick one.")
 
 
+_LORA_DEFAULT_MODULES = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """Perturbation mode: full-rank noise on every weight, or low-rank LoRA members."""
+
+    perturbation: str = _option(
+        "full", "full: every weight gets seeded Gaussian noise, one member at a time. lora: "
+        "each member is a seeded rank-r adapter (EGGROLL) and the whole population is "
+        "evaluated in one batched engine call (vLLM multi-LoRA); ES method only.",
+        choices=("full", "lora"))
+    lora_rank: int = _option(
+        4, "Rank r of each member's perturbation (and of the trained adapter).", min_value=1,
+        max_value=256)
+    lora_alpha: float = _option(
+        8.0, "LoRA alpha of saved adapters (delta = alpha / r * B A, the PEFT convention); the "
+        "perturbation size is set by noise_std.", min_value=0.0, exclusive_min=True)
+    lora_target_modules: str = _option(
+        _LORA_DEFAULT_MODULES, "Comma-separated linear modules that members perturb.")
+    lora_target_layers: str | None = _option(
+        None, "Layers that members perturb, e.g. 0-9 or 0,2,4; None means every layer.")
+    lora_noise_scaling: str = _option(
+        "layer", "layer: a layer's noise std is noise_std * mean |W| of its target weights "
+        "(the LoRA reference; noise_std around 0.1 then); none: noise_std itself.",
+        choices=("layer", "none"))
+    lora_update: str = _option(
+        "merge", "merge: the ES update (fp32) is merged into the base weights every step. "
+        "adapter: base weights stay frozen and the update is kept as one rank-r adapter, "
+        "saved in the PEFT format.", choices=("merge", "adapter"))
+
+
 # ---------------------------------------------------------------------------- field specs
 
 
@@ -404,6 +436,7 @@ class RunConfig:
     ensemble: EnsembleConfig = field(default_factory=EnsembleConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
         errors = _problems(self.to_flat(), coerce=False)
@@ -839,6 +872,31 @@ def _two_per_prompt(v: dict[str, Any]) -> Iterator[FieldError]:
         yield FieldError(name, f"lbes.{name} keeps 1 sample per prompt, but per-prompt "
                                "correlation needs 2: set top_k_rewards + bottom_k_rewards >= 2 "
                                "or flat_corrcoef true")
+
+
+_LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_target_modules", "lora_target_layers",
+                 "lora_noise_scaling", "lora_update")
+
+
+@_rule("method", "perturbation", *_LORA_OPTIONS)
+def _lora_options(v: dict[str, Any]) -> Iterator[FieldError]:
+    from engine.lora import parse_layers, parse_modules
+
+    if v["perturbation"] == "full":
+        for name in _LORA_OPTIONS:  # silently ignored otherwise
+            if v[name] != _SPECS[name].default:
+                yield FieldError(name, f"lora.{name} only applies to perturbation 'lora', got "
+                                       f"{_show(v[name])}: remove it or set perturbation lora")
+        return
+    if v["method"] != "es":
+        yield FieldError("perturbation", f"lora.perturbation 'lora' needs method es, got "
+                                         f"{v['method']!r}: use perturbation full for lbes")
+    for name, parse in (("lora_target_modules", parse_modules),
+                        ("lora_target_layers", parse_layers)):
+        try:
+            parse(v[name])
+        except ValueError as exc:
+            yield FieldError(name, f"lora.{name} {exc}")
 
 
 # ---------------------------------------------------------------------------- alignment rules

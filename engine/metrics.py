@@ -18,6 +18,9 @@ RETAINED_REWARD_RATIO = "train/retained_reward_ratio"
 CORRELATION_MEAN = "train/correlation/mean"
 UPDATE_NORM = "train/update/coefficient_norm"
 EVAL_RUNTIME = "eval/runtime"
+LORA_RANK = "train/lora/rank"
+"""Rank of the members' perturbation; logged only by runs with perturbation lora, so its
+presence marks the mode on the dashboard's charts."""
 
 # Alignment runs (engine/aligner.py). Mean reward and mean cost are `train/reward/mean` and
 # `train/cost/mean` (reward_key), the objective mean(R) - lambda * mean(C) `train/objective/*`,

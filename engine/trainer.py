@@ -33,6 +33,7 @@ from engine.data.datasets import Example, load_dataset
 from engine.es import Member, population, update_coefficients, update_terms
 from engine.fitness import macro_shape_fitness, shape_fitness
 from engine.lbes import filter_rewards, member_correlations, reference_tiebreak
+from engine.lora_population import LoraPopulation, engine_args
 from engine.model_files import check_model_dir
 from engine.noise import derive_seed
 from engine.paths import resolve_path
@@ -79,10 +80,15 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
     output_dir.mkdir(parents=True, exist_ok=True)
     owns_pool = pool is None
     pool = pool or start_pool(config)
+    lora = None
     try:
+        if config.lora.perturbation == "lora":
+            lora = LoraPopulation(config, resolve_path(config.model.model))
+            sink.log_event("info", f"perturbation lora: rank {config.lora.lora_rank}, "
+                           f"{len(lora.targets)} target modules, update {lora.mode}")
         state = TrainerState()
         if resume_from is not None:
-            state = load_checkpoint(Path(resume_from), pool)
+            state = load_checkpoint(Path(resume_from), pool, lora)
             sink.log_event("info", f"resumed from {resume_from} at step {state.global_step}")
         aligner = Aligner.for_run(config, state.alignment)
         evaluating = config.eval.eval_strategy != "no"
@@ -97,9 +103,8 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
             examples = [train_set[i] for i in batches.indices(state.position)]
             position, epoch_ended = batches.advance(state.position)
             noise_std, learning_rate = current_schedules(config, state.global_step, total_steps)
-            step_fn = es_step if config.method == "es" else lbes_step
-            if aligner is not None:
-                step_fn = functools.partial(es_step, aligner=aligner)
+            step_fn = (functools.partial(es_step, lora=lora, aligner=aligner)
+                       if config.method == "es" else lbes_step)
             try:
                 report = step_fn(config, pool, examples, state.global_step, noise_std,
                                  learning_rate, stop=should_stop)
@@ -108,7 +113,7 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
                 # those of the last finished step, which is what the checkpoint records.
                 if saved != state.global_step:
                     sink.log_checkpoint(state.global_step, str(save_checkpoint(
-                        config, pool, state, output_dir, for_resume_only=True)))
+                        config, pool, state, output_dir, lora, for_resume_only=True)))
                 raise TrainingStopped(f"stopped during step {state.global_step + 1}, "
                                       f"checkpoint of step {state.global_step} saved") from None
             if report is None:
@@ -139,21 +144,25 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
             if config.eval.save_strategy != "no" and _due(
                     config.eval.save_strategy, config.eval.save_steps, step, epoch_ended,
                     total_steps):
-                path = save_checkpoint(config, pool, state, output_dir)
+                path = save_checkpoint(config, pool, state, output_dir, lora)
                 sink.log_checkpoint(step, str(path))
                 saved = step
             sink.heartbeat(step)
             if should_stop is not None and step < total_steps and should_stop():
                 if saved != step:
                     sink.log_checkpoint(step, str(save_checkpoint(
-                        config, pool, state, output_dir, for_resume_only=True)))
+                        config, pool, state, output_dir, lora, for_resume_only=True)))
                 raise TrainingStopped(f"stopped after step {step}, checkpoint saved")
 
         # -- the final model
         pool.save_hf(str(output_dir))
+        if lora is not None and (adapter := lora.save(output_dir)) is not None:
+            sink.log_event("info", f"trained adapter saved to {adapter}")
         sink.log_event("info", f"final model saved to {output_dir}")
         return output_dir
     finally:
+        if lora is not None:
+            lora.close()
         if owns_pool:
             pool.shutdown()
 
@@ -167,7 +176,8 @@ def start_pool(config: RunConfig) -> EnginePool:
         max_model_len=m.max_model_len, tensor_parallel_size=m.tensor_parallel_size,
         gpu_memory_utilization=m.gpu_memory_utilization, max_num_seqs=m.max_num_seqs,
         # False leaves the platform's choice (eager on the CPU, CUDA graphs on a GPU).
-        enforce_eager=True if m.enforce_eager else None, seed=config.data.seed)
+        enforce_eager=True if m.enforce_eager else None, seed=config.data.seed,
+        extra_llm_args=engine_args(config) if config.lora.perturbation == "lora" else None)
 
 
 def phase_timings(pool: EnginePool) -> dict[str, float]:
@@ -200,12 +210,19 @@ def _due(strategy: str, every: int | None, step: int, epoch_ended: bool, total: 
 def es_step(config: RunConfig, pool: EnginePool, examples: list[Example], step: int,
             noise_std: float, learning_rate: float,
             stop: Callable[[], bool] | None = None,
+            lora: LoraPopulation | None = None,
             aligner: Aligner | None = None) -> StepReport:
+    """One ES step; with `lora` the members are low-rank adapters evaluated in one call."""
     members = population(config.data.seed, step, config.es.population_size,
                          config.es.antithetic)
     task = generate_task(config, examples, step, description=f"step {step + 1}")
-    results: list[ScoredBatch] = pool.evaluate(
-        [(m.seed, m.sign * noise_std) for m in members], task, stop=stop)
+    if lora is None:
+        results: list[ScoredBatch] = pool.evaluate(
+            [(m.seed, m.sign * noise_std) for m in members], task, stop=stop)
+    else:
+        if stop is not None and stop():
+            raise EvaluationStopped("stopped before the population was evaluated")
+        results = lora.evaluate(pool, members, noise_std, task, step)
 
     mean_rewards = np.array([r.fitness for r in results])  # [N]
     fitness = aligner.fitness(results) if aligner is not None else mean_rewards
@@ -221,9 +238,10 @@ def es_step(config: RunConfig, pool: EnginePool, examples: list[Example], step: 
                                      np.stack([r.rewards for r in results]))
     else:
         shaped = shape_fitness(config.es.fitness_shaping, fitness)
-    update_seconds = apply_update(pool, members, shaped, learning_rate, noise_std)
+    update_seconds = apply_update(pool, members, shaped, learning_rate, noise_std, lora)
 
     metrics = {
+        **({mk.LORA_RANK: float(lora.rank)} if lora is not None else {}),
         **_stats(mk.TRAIN, "reward", mean_rewards),
         **alignment_metrics,
         **_part_means(mk.TRAIN, results),
@@ -257,12 +275,16 @@ def generate_task(config: RunConfig, examples: list[Example], step: int, *,
 
 
 def apply_update(pool: EnginePool, members: list[Member], shaped: np.ndarray,
-                 learning_rate: float, noise_std: float) -> float:
+                 learning_rate: float, noise_std: float,
+                 lora: LoraPopulation | None = None) -> float:
     start = time.perf_counter()
     coefficients = update_coefficients(shaped, [m.sign for m in members], learning_rate,
                                        noise_std)
     terms = update_terms(members, coefficients)
-    pool.update([seed for seed, _ in terms], [c for _, c in terms])
+    if lora is None:
+        pool.update([seed for seed, _ in terms], [c for _, c in terms])
+    else:
+        lora.update(pool, [seed for seed, _ in terms], [c for _, c in terms])
     return time.perf_counter() - start
 
 
@@ -347,7 +369,8 @@ def evaluate(config: RunConfig, pool: EnginePool, eval_set: list[Example],
 
 
 def save_checkpoint(config: RunConfig, pool: EnginePool, state: TrainerState,
-                    output_dir: Path, *, for_resume_only: bool = False) -> Path:
+                    output_dir: Path, lora: LoraPopulation | None = None, *,
+                    for_resume_only: bool = False) -> Path:
     """checkpoint-STEP/: the serving weights as a Hugging Face folder, the fp32 master copy
     for an exact resume, and the trainer state; only save_total_limit are kept.
 
@@ -360,6 +383,8 @@ def save_checkpoint(config: RunConfig, pool: EnginePool, state: TrainerState,
     if not for_resume_only:
         pool.save_hf(str(partial))
     pool.save_master(str(partial / MASTER_DIR))
+    if lora is not None:
+        lora.save(partial)  # adapter mode: the trained adapter
     (partial / STATE_FILE).write_text(json.dumps({**asdict(state),
                                                   "config": config.to_flat()}, indent=2))
     shutil.rmtree(path, ignore_errors=True)
@@ -374,12 +399,15 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
 
-def load_checkpoint(path: Path, pool: EnginePool) -> TrainerState:
+def load_checkpoint(path: Path, pool: EnginePool,
+                    lora: LoraPopulation | None = None) -> TrainerState:
     state_file = path / STATE_FILE
     if not state_file.is_file():
         raise FileNotFoundError(f"{path} is not a checkpoint: {STATE_FILE} is missing")
     data = json.loads(state_file.read_text())
     pool.load_master(str(path / MASTER_DIR))
+    if lora is not None:
+        lora.load(path)
     return TrainerState(global_step=data["global_step"], epoch=data["epoch"],
                         batch=data["batch"], alignment=data.get("alignment"))
 

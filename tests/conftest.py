@@ -47,3 +47,22 @@ def vllm_engine(default_model_dir: Path, vllm_engine_options: dict) -> Iterator[
     engine = VLLMEngine(str(default_model_dir), **vllm_engine_options)
     yield engine
     engine.shutdown()
+
+
+LORA_TEST_MAX_LORAS = 8
+"""Adapters the multi-LoRA test engine serves at once: a test population of 8 in one batch."""
+
+
+@pytest.fixture(scope="session")
+def vllm_lora_engine(default_model_dir: Path, vllm_engine_options: dict) -> Iterator[object]:
+    """One multi-LoRA VLLMEngine (perturbation: lora) on the default model for the session;
+    max_lora_rank 8 serves members of rank <= 8 (rank <= 4 in lora_update adapter mode)."""
+    from engine.backends.vllm.engine import VLLMEngine
+    from engine.backends.vllm.lora_engine import lora_llm_args
+
+    # 8 members x 8 prompts decode together; a smaller RAM share than the full-mode engine
+    options = {**vllm_engine_options, "gpu_memory_utilization": 0.15, "max_num_seqs": 64}
+    engine = VLLMEngine(str(default_model_dir), **options,
+                        extra_llm_args=lora_llm_args(LORA_TEST_MAX_LORAS, 8))
+    yield engine
+    engine.shutdown()

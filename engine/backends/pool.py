@@ -192,10 +192,16 @@ class EnginePool:
         temperature: float = 0.0,
         max_tokens: int = 256,
         seed: int | None = None,
+        adapters: Sequence[str | None] | None = None,
     ) -> list[list[Completion]]:
-        """Completions of the unperturbed model, prompts split evenly over the engines."""
+        """Completions of the unperturbed model, prompts split evenly over the engines;
+        `adapters` optionally names a LoRA folder per prompt (multi-LoRA engines)."""
         parts = _split(list(prompts), self.num_engines)
-        outs = self._scatter("generate", [(p, n, temperature, max_tokens, seed) for p in parts])
+        args = [(p, n, temperature, max_tokens, seed) for p in parts]
+        if adapters is not None:
+            args = [(*a, part) for a, part in zip(args, _split(list(adapters),
+                                                               self.num_engines), strict=True)]
+        outs = self._scatter("generate", args)
         return [c for out in outs for c in out]
 
     def completion_logprobs(

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.backends.base import Completion, Messages
+from engine.backends.vllm.lora_engine import lora_requests
 from engine.noise import MIN_TABLE_LEN, NOISE_TABLE_SEED
 
 EXTENSION = "engine.backends.vllm.worker_extension.PerturbationWorkerExtension"
@@ -50,6 +51,7 @@ class VLLMEngine:
         min_noise_table_len: int = MIN_TABLE_LEN,
         distributed_executor_backend: str | None = None,
         in_process: bool = True,
+        extra_llm_args: dict[str, Any] | None = None,
     ) -> None:
         """Start the engine (about 30 s on the CPU) and build the ES state on every worker.
 
@@ -96,6 +98,7 @@ class VLLMEngine:
             kwargs["max_num_seqs"] = max_num_seqs
         if distributed_executor_backend is not None:
             kwargs["distributed_executor_backend"] = distributed_executor_backend
+        kwargs.update(extra_llm_args or {})  # e.g. multi-LoRA (engine.backends.vllm.lora_engine)
         self.model = str(model)
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
@@ -123,15 +126,18 @@ class VLLMEngine:
         temperature: float = 0.0,
         max_tokens: int = 256,
         seed: int | None = None,
+        adapters: Sequence[str | None] | None = None,
     ) -> list[list[Completion]]:
-        """n completions per prompt, in prompt order."""
+        """n completions per prompt, in prompt order; `adapters` (multi-LoRA engines only)
+        names a LoRA folder per prompt, None for the base model (lora_engine.py)."""
         from vllm import SamplingParams
 
         if not prompts:
             return []
         params = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
         requests = [{"prompt_token_ids": self.prompt_token_ids(m)} for m in prompts]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        extra = {} if adapters is None else {"lora_request": lora_requests(self, adapters)}
+        outputs = self.llm.generate(requests, params, use_tqdm=False, **extra)
         return [
             [
                 Completion(
@@ -198,6 +204,13 @@ class VLLMEngine:
 
     def update(self, seeds: Sequence[int], coefficients: Sequence[float]) -> None:
         self._rpc("es_update", [int(s) for s in seeds], [float(c) for c in coefficients])
+        self.llm.reset_prefix_cache()
+
+    def lora_update(self, spec: dict[str, Any], seeds: Sequence[int],
+                    coefficients: Sequence[float]) -> None:
+        """Merge a low-rank ES update into the base weights (lora_engine.lora_update_spec)."""
+        self._rpc("es_lora_update", spec, [int(s) for s in seeds],
+                  [float(c) for c in coefficients])
         self.llm.reset_prefix_cache()
 
     def checksum(self) -> str:

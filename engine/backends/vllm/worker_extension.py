@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.backends.vllm import cpu_weights
+from engine.backends.vllm import cpu_lora, cpu_weights, lora_engine
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 # vLLM imports this module while it creates the worker, before the model loads: the only
 # moment at which the CPU backend's weight packing can be replaced by live weights.
 cpu_weights.install_live_cpu_gemm()
+# Multi-LoRA (perturbation: lora) on the CPU: grouped kernels instead of per-token copies.
+cpu_lora.install_grouped_cpu_lora()
 
 MASTER_FILE = "master.safetensors"
 
@@ -58,8 +60,11 @@ class PerturbationWorkerExtension:
         self._es_model_dir = model_dir
         self._es_tp_rank, self._es_tp_size = _tp_rank_and_size()
         with torch.inference_mode():
-            params = sorted(_model(self).named_parameters(), key=lambda item: item[0])
-            self._es_names = [name for name, _ in params]
+            params = sorted(
+                _model(self).named_parameters(),
+                key=lambda item: lora_engine.logical_name(item[0]),
+            )
+            self._es_names = [lora_engine.logical_name(name) for name, _ in params]
             self._es_live = [p.data for _, p in params]
             self._es_layouts = [cpu_weights.layout_of(p) for _, p in params]
             self._es_master = [p.detach().to(torch.float32, copy=True) for p in self._es_live]
@@ -151,6 +156,11 @@ class PerturbationWorkerExtension:
                 )
                 live.copy_(master)
                 snap.copy_(live)
+
+    def es_lora_update(self, spec: dict[str, Any], seeds: list[int],
+                       coefficients: list[float]) -> None:
+        """Merge the low-rank members' update into master and serving weights (fp32)."""
+        lora_engine.apply_lora_update(self, _model(self), spec, seeds, coefficients)
 
     # ---- checks -----------------------------------------------------------------------------
 
@@ -356,6 +366,7 @@ def _fused_modules(model: Any) -> dict[str, tuple[list[str], list[int]]]:
     mapping = getattr(model, "packed_modules_mapping", {}) or {}
     fused = {}
     for path, module in model.named_modules():
+        path = path.removesuffix(".base_layer")  # the fused layer inside a LoRA wrapper
         leaf = path.rpartition(".")[2]
         sizes = getattr(module, "output_partition_sizes", None)
         if leaf in mapping and sizes is not None and len(sizes) == len(mapping[leaf]):

@@ -1,0 +1,271 @@
+"""Low-rank population members: each perturbation is a seeded LoRA adapter.
+
+EGGROLL (arXiv 2511.16652) and the ES-over-LoRA devlog (shared/seeds/es-lora-devlog.md):
+instead of perturbing every weight, member i perturbs each target linear weight W (of layer
+l) by a rank-r product,
+
+    delta_i W = sign_i * sigma * m_l * E_i,   E_i = B_i A_i / sqrt(r),
+    A_i ~ N(0, 1) [r, in],  B_i ~ N(0, 1) [out, r]   (from the member seed),
+
+so the entries of E_i have unit variance, as eps does in full-rank ES, and m_l is the
+per-layer noise scale of the reference (mean |W| over the layer's targets, or 1). Such a
+perturbation is a LoRA adapter, and vLLM serves many adapters in one batch (multi-LoRA),
+so a whole population is evaluated in one engine call. Antithetic pairs share A and B and
+differ only in the sign (carried by B, as EGGROLL on vLLM does).
+
+The ES update keeps the full-rank convention theta += lr / (N * sigma) * sum_i A_i eps_i with
+eps_i = sign_i * m_l * E_i: with coefficients c_i from engine.es.update_coefficients,
+
+    W += m_l / sqrt(r) * sum_i c_i B_i A_i          (dense, fp32)
+
+which is either merged into the base weights (`merge`, by the engine from seeds and
+coefficients, never shipped as matrices) or folded into one trained adapter of rank r
+(`adapter`): the trained delta plus the update, truncated to rank r by an exact SVD of the
+low-rank factors (`TrainedAdapter.add`). A and B are regenerated from the seed whenever they
+are needed and never kept; the only copies are the adapter files that vLLM reads (tmpfs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from engine.noise import derive_seed
+
+if TYPE_CHECKING:
+    import torch
+
+TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The linear modules of a Llama-family layer (the reference's default targets)."""
+
+NOISE_SCALINGS = ("layer", "none")
+"""layer: m_l = mean |W| over the layer's target weights (the reference); none: m_l = 1."""
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."
+
+_WEIGHT = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.weight$")
+
+
+@dataclass(frozen=True)
+class LoraTarget:
+    """One target linear layer, named as in the Hugging Face checkpoint."""
+
+    name: str  # model.layers.3.self_attn.q_proj
+    layer: int
+    module: str  # q_proj
+    in_features: int
+    out_features: int
+
+
+def parse_modules(text: str) -> tuple[str, ...]:
+    """`q_proj,v_proj` -> ("q_proj", "v_proj"); empty items are an error."""
+    items = tuple(item.strip() for item in text.split(","))
+    if not items or any(not item for item in items):
+        raise ValueError(f"must be a comma-separated list of module names, got {text!r}")
+    return items
+
+
+def parse_layers(text: str | None) -> tuple[int, ...] | None:
+    """`0-9,12` -> (0, ..., 9, 12); None means every layer."""
+    if text is None:
+        return None
+    layers: set[int] = set()
+    for item in text.split(","):
+        first, dash, last = item.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"must be layer numbers or ranges such as 0-9,12, got {text!r}")
+        start, stop = int(first), int(last) if dash else int(first)
+        if stop < start:
+            raise ValueError(f"range {item.strip()!r} runs backwards")
+        layers.update(range(start, stop + 1))
+    return tuple(sorted(layers))
+
+
+def find_targets(specs: Mapping[str, tuple[tuple[int, ...], str]], modules: Sequence[str],
+                 layers: Sequence[int] | None) -> list[LoraTarget]:
+    """The target layers of a checkpoint (`specs`: name -> (shape, dtype), as read by
+    hf_export.source_tensor_specs), sorted by name; unknown modules or layers are errors."""
+    found: dict[str, LoraTarget] = {}
+    present_layers: set[int] = set()
+    present_modules: set[str] = set()
+    for key, (shape, _) in specs.items():
+        match = _WEIGHT.match(key)
+        if not match or len(shape) != 2:
+            continue
+        layer, module = int(match.group(1)), match.group(3)
+        present_layers.add(layer)
+        present_modules.add(module)
+        if module in modules and (layers is None or layer in layers):
+            name = key.removesuffix(".weight")
+            found[name] = LoraTarget(name, layer, module, int(shape[1]), int(shape[0]))
+    missing = sorted(set(modules) - present_modules)
+    if missing:
+        raise ValueError(f"lora_target_modules {missing} are not linear modules of this model; "
+                         f"it has {sorted(present_modules)}")
+    if layers is not None and (bad := sorted(set(layers) - present_layers)):
+        raise ValueError(f"lora_target_layers {bad} do not exist: the model has layers "
+                         f"0-{max(present_layers)}")
+    return [found[name] for name in sorted(found)]
+
+
+def layer_scales(weights: Mapping[str, torch.Tensor], targets: Sequence[LoraTarget],
+                 scaling: str) -> dict[int, float]:
+    """m_l per target layer: mean |W| over the layer's target weights, or 1 for `none`."""
+    if scaling not in NOISE_SCALINGS:
+        raise ValueError(f"lora_noise_scaling must be one of {NOISE_SCALINGS}, got {scaling!r}")
+    layers = sorted({t.layer for t in targets})
+    if scaling == "none":
+        return dict.fromkeys(layers, 1.0)
+    means: dict[int, list[float]] = {layer: [] for layer in layers}
+    for t in targets:
+        means[t.layer].append(float(weights[f"{t.name}.weight"].float().abs().mean()))
+    return {layer: sum(values) / len(values) for layer, values in means.items()}
+
+
+def member_factors(seed: int, target: LoraTarget, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A [r, in], B [out, r]) of member `seed` on `target`: fp32 standard normals from a CPU
+    generator seeded by (seed, target name), so every process and device gets the same."""
+    import torch
+
+    generator = torch.Generator(device="cpu").manual_seed(derive_seed(seed, "lora", target.name))
+    a = torch.randn(rank, target.in_features, generator=generator, dtype=torch.float32)
+    b = torch.randn(target.out_features, rank, generator=generator, dtype=torch.float32)
+    return a, b
+
+
+def perturbation(seed: int, scale: float, target: LoraTarget, rank: int,
+                 layer_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Factors (A, B') with B' A = scale * m_l * B A / sqrt(r): the member's delta on
+    `target` (scale = sign * sigma); the sign and all scalars go on B."""
+    a, b = member_factors(seed, target, rank)
+    return a, b * (scale * layer_scale / math.sqrt(rank))
+
+
+def dense_update(seeds: Sequence[int], coefficients: Sequence[float], target: LoraTarget,
+                 rank: int, layer_scale: float) -> torch.Tensor:
+    """m_l / sqrt(r) * sum_i c_i B_i A_i as a dense fp32 [out, in] matrix (one matmul)."""
+    import torch
+
+    if len(seeds) != len(coefficients):
+        raise ValueError(f"{len(seeds)} seeds but {len(coefficients)} coefficients")
+    if not seeds:
+        return torch.zeros(target.out_features, target.in_features)
+    factors = [member_factors(int(s), target, rank) for s in seeds]
+    a = torch.cat([f[0] for f in factors])  # [N*r, in]
+    weights = torch.tensor(coefficients, dtype=torch.float32).repeat_interleave(rank)  # [N*r]
+    b = torch.cat([f[1] for f in factors], dim=1) * weights  # [out, N*r]
+    return (b @ a) * (layer_scale / math.sqrt(rank))
+
+
+# ---------------------------------------------------------------------------- adapters on disk
+
+
+def adapter_tensors(factors: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+                    scaling: float) -> dict[str, torch.Tensor]:
+    """PEFT tensor names -> tensors for effective factors (A, B) with delta = B A; B is
+    divided by the adapter's scaling (lora_alpha / r), which PEFT and vLLM multiply back."""
+    tensors = {}
+    for name, (a, b) in factors.items():
+        tensors[f"{PEFT_PREFIX}{name}.lora_A.weight"] = a.contiguous()
+        tensors[f"{PEFT_PREFIX}{name}.lora_B.weight"] = (b / scaling).contiguous()
+    return tensors
+
+
+def write_adapter(folder: str | Path, factors: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+                  *, rank: int, alpha: float, base_model: str,
+                  dtype: torch.dtype | None = None) -> Path:
+    """A PEFT LoRA folder (adapter_config.json + adapter_model.safetensors) whose delta on each
+    named module is B A; transformers + PEFT and vLLM both load it."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = adapter_tensors(factors, alpha / rank)
+    if dtype is not None:
+        tensors = {k: v.to(dtype) for k, v in tensors.items()}
+    modules = sorted({name.rpartition(".")[2] for name in factors})
+    config = {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+        "r": rank, "lora_alpha": alpha, "target_modules": modules, "lora_dropout": 0.0,
+        "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
+        "modules_to_save": None, "init_lora_weights": True, "inference_mode": True,
+        "layers_to_transform": sorted({int(n.split(".")[2]) for n in factors}),
+    }
+    (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
+    save_file(tensors, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    return folder
+
+
+# ---------------------------------------------------------------------------- trained adapter
+
+
+class TrainedAdapter:
+    """The `adapter` update mode: the trained delta of every target kept as rank-r factors
+    (fp32, effective: delta = B A), the base weights untouched.
+
+    `add` applies one ES update and truncates back to rank r by an exact SVD of the low-rank
+    sum (QR of both factor stacks, SVD of the small core), so its cost grows with N * r,
+    never with out * in.
+    """
+
+    def __init__(self, targets: Sequence[LoraTarget], rank: int) -> None:
+        import torch
+
+        self.targets = list(targets)
+        self.rank = rank
+        self.factors = {t.name: (torch.zeros(rank, t.in_features),
+                                 torch.zeros(t.out_features, rank)) for t in self.targets}
+
+    def add(self, seeds: Sequence[int], coefficients: Sequence[float],
+            scales: Mapping[int, float]) -> None:
+        """delta := best rank-r approximation of (delta + dense_update(seeds, coefficients))."""
+        import torch
+
+        if not seeds:
+            return
+        weights = torch.tensor(coefficients, dtype=torch.float32).repeat_interleave(self.rank)
+        for t in self.targets:
+            a0, b0 = self.factors[t.name]
+            pairs = [member_factors(int(s), t, self.rank) for s in seeds]
+            step = scales[t.layer] / math.sqrt(self.rank)
+            a = torch.cat([a0, *[p[0] for p in pairs]])  # [K, in]
+            b = torch.cat([b0, *[p[1] for p in pairs]], dim=1)  # [out, K]
+            b[:, self.rank:] *= weights * step
+            q_b, r_b = torch.linalg.qr(b)  # b = q_b r_b, q_b [out, K]
+            q_a, r_a = torch.linalg.qr(a.T)  # a = r_a^T q_a^T, q_a [in, K]
+            u, s, vh = torch.linalg.svd(r_b @ r_a.T)  # [K, K] core
+            root = s[: self.rank].sqrt()
+            self.factors[t.name] = ((root[:, None] * vh[: self.rank]) @ q_a.T,
+                                    (q_b @ u[:, : self.rank]) * root)
+
+    def member_factors(self, seed: int, scale: float, scales: Mapping[int, float]
+                       ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """The trained delta plus member `seed`'s perturbation, as rank-2r factors."""
+        import torch
+
+        out = {}
+        for t in self.targets:
+            a0, b0 = self.factors[t.name]
+            a, b = perturbation(seed, scale, t, self.rank, scales[t.layer])
+            out[t.name] = (torch.cat([a0, a]), torch.cat([b0, b], dim=1))
+        return out
+
+    def delta(self, name: str) -> torch.Tensor:
+        a, b = self.factors[name]
+        return b @ a
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Flat tensors for a checkpoint (load_state reads them back)."""
+        return {f"{n}.{k}": t for n, (a, b) in self.factors.items()
+                for k, t in (("A", a), ("B", b))}
+
+    def load_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        for name in self.factors:
+            self.factors[name] = (tensors[f"{name}.A"].float(), tensors[f"{name}.B"].float())
