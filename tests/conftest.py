@@ -53,6 +53,10 @@ LORA_TEST_MAX_LORAS = 8
 """Adapters the multi-LoRA test engine serves at once: a test population of 8 in one batch."""
 
 
+LORA_TEST_KV_BYTES = 1 << 30
+"""1 GiB of KV cache: about 45k tokens of the default model, 64 sequences x 700 tokens."""
+
+
 @pytest.fixture(scope="session")
 def vllm_lora_engine(default_model_dir: Path, vllm_engine_options: dict) -> Iterator[object]:
     """One multi-LoRA VLLMEngine (perturbation: lora) on the default model for the session;
@@ -60,9 +64,11 @@ def vllm_lora_engine(default_model_dir: Path, vllm_engine_options: dict) -> Iter
     from engine.backends.vllm.engine import VLLMEngine
     from engine.backends.vllm.lora_engine import lora_llm_args
 
-    # 8 members x 8 prompts decode together; a smaller RAM share than the full-mode engine
-    options = {**vllm_engine_options, "gpu_memory_utilization": 0.15, "max_num_seqs": 64}
-    engine = VLLMEngine(str(default_model_dir), **options,
-                        extra_llm_args=lora_llm_args(LORA_TEST_MAX_LORAS, 8))
+    # 8 members x 8 prompts decode together. The KV cache is sized in bytes: vLLM on the CPU
+    # takes a RAM share minus this process's resident memory, which other session engines
+    # (in this same process) had already grown past the share in a full run.
+    options = {**vllm_engine_options, "max_num_seqs": 64}
+    extra = {**lora_llm_args(LORA_TEST_MAX_LORAS, 8), "kv_cache_memory_bytes": LORA_TEST_KV_BYTES}
+    engine = VLLMEngine(str(default_model_dir), **options, extra_llm_args=extra)
     yield engine
     engine.shutdown()

@@ -16,7 +16,6 @@ from engine.scoring.default import default_scorer_dir, default_scorers_ready, tr
 from engine.sink import MemorySink
 from engine.trainer import train
 from tests.integration.scorers import running_scorer
-from tests.integration.test_training import pool  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.heavy
 
@@ -45,7 +44,7 @@ def alignment_config(tmp_path: Path, url: str, **options) -> RunConfig:
 
 
 @pytest.mark.parametrize("threshold", [0.0, -20.0])
-def test_lambda_follows_the_cost_of_the_unperturbed_model(pool, default_scorer,  # noqa: F811
+def test_lambda_follows_the_cost_of_the_unperturbed_model(pool, default_scorer,
                                                           tmp_path, threshold):
     # d = -20 puts every cost above the threshold (the scorer's log-odds are far smaller),
     # so lambda must rise (to the clip at 10); with d = 0 it follows the model's mean cost.
@@ -80,7 +79,7 @@ def test_lambda_follows_the_cost_of_the_unperturbed_model(pool, default_scorer, 
         assert after.metrics[mk.LAMBDA] == before.metrics[mk.LAMBDA_NEXT]  # effective next step
 
 
-def test_resume_continues_with_the_checkpointed_lambda(pool, vllm_engine,  # noqa: F811
+def test_resume_continues_with_the_checkpointed_lambda(pool, vllm_engine,
                                                       default_scorer, tmp_path):
     """Stopped after step 1 and resumed, step 2 is the uninterrupted run's step 2: same
     lambda, same J_C average, same metrics."""
@@ -101,7 +100,7 @@ def test_resume_continues_with_the_checkpointed_lambda(pool, vllm_engine,  # noq
     assert [untimed(r.metrics) for r in resumed.steps] == [untimed(straight.steps[1].metrics)]
 
 
-def test_a_scorer_stopped_mid_run_fails_the_run_naming_it(pool, tmp_path):  # noqa: F811
+def test_a_scorer_stopped_mid_run_fails_the_run_naming_it(pool, tmp_path):
     from tests.integration.scorers import tiny_checkpoint
 
     reward = tiny_checkpoint(tmp_path / "reward", num_labels=1, seed=0)

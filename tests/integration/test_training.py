@@ -1,7 +1,7 @@
 """The training loop on the real engine (vLLM on the CPU, the default model).
 
-Every test starts from the input model: the `pool` fixture saves the fp32 master copy of the
-shared session engine first and loads it back afterwards.
+Every test starts from the input model: the `pool` fixture (conftest.py) loads the input
+model's fp32 master back into the shared session engine after each test.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import torch
 from safetensors.torch import load_file
 
 from engine import metrics as mk
-from engine.backends.pool import EnginePool
 from engine.config import RunConfig
 from engine.paths import data_dir
 from engine.sink import MemorySink
@@ -22,20 +21,6 @@ from engine.trainer import train
 pytestmark = pytest.mark.heavy
 
 CONCISENESS = data_dir() / "conciseness"
-
-
-@pytest.fixture(scope="module")
-def initial_master(vllm_engine, tmp_path_factory) -> Path:
-    """The input model's fp32 master, saved once (514 MB) for every test to go back to."""
-    initial = tmp_path_factory.mktemp("initial-master")
-    vllm_engine.save_master(str(initial))
-    return initial
-
-
-@pytest.fixture
-def pool(vllm_engine, initial_master):
-    yield EnginePool.wrap(vllm_engine)
-    vllm_engine.load_master(str(initial_master))
 
 
 def conciseness_config(tmp_path: Path, **options) -> RunConfig:
