@@ -2,7 +2,8 @@
 
     python3 bench/gpu/table.py [FILE.json ...]    # default: bench/gpu/results/*.json
 
-Columns: model size, mode (engines sharing the GPU; MPS when the CUDA MPS daemon ran), step
+Columns: model size, mode (engines sharing the GPU, MPS when the CUDA MPS daemon ran, or the
+low-rank mode with its rank: every member in one multi-LoRA call), step
 time and its phases in seconds (generation and perturb are summed over members, so with
 several engines they exceed the step), generated tokens per second of the iteration, and
 utilization = that / tokens per second of one batched call of 256 prompts on one engine.
@@ -31,7 +32,8 @@ def print_table(r: dict) -> None:
           f"{'reward':>8}{'update':>8}{'tok/s':>9}{'util':>6}")
     for row in r["rows"]:
         tps = row[TOKENS] / row[STEP]
-        mode = "1 engine" if row["engines"] == 1 else f"{row['engines']} engines/GPU"
+        mode = row.get("mode") or ("1 engine" if row["engines"] == 1
+                                   else f"{row['engines']} engines/GPU")
         mode += " MPS" if r.get("mps") and row["engines"] > 1 else ""
         phases = "".join(f"{row['time/' + p]:>8.2f}" for p in PHASES)
         util = f"{tps / base:>6.2f}" if base else ""

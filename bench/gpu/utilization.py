@@ -1,6 +1,6 @@
 """Engine utilization of an ES iteration on a GPU, with one or several engines per GPU.
 
-    python3 bench/gpu/utilization.py MODEL_DIR [--engines 1 4 8] [--population 32]
+    python3 bench/gpu/utilization.py MODEL_DIR [--engines 1 4 8] [--lora] [--population 32]
         [--prompts 8] [--max-tokens 128] [--steps 1] [--json FILE]
 
 utilization = generated tokens per second of an ES iteration (population members, each
@@ -8,7 +8,9 @@ generating for `prompts` prompts, greedy) / tokens per second of ONE batched gen
 256 prompts on one engine of the unperturbed model (what the engine can do when its batch is
 full). With one engine, members run one at a time and its batch holds only `prompts`
 sequences; with K engines sharing the GPU (EnginePool engines_per_gpu=K, Ray actors) K members
-generate at once. A random-weight model generates until max_tokens almost always, so every
+generate at once. With --lora, a last row runs the low-rank mode (perturbation: lora, rank
+--rank, merged updates) on one multi-LoRA engine: every member's prompts in one call, one
+adapter per member. A random-weight model generates until max_tokens almost always, so every
 member does the same work.
 
 Also prints the weight operations against one plain copy of all weights (inside the worker,
@@ -31,6 +33,7 @@ from engine import metrics as mk
 from engine.backends.pool import EnginePool
 from engine.config import RunConfig
 from engine.data.datasets import load_dataset
+from engine.lora_population import engine_args
 from engine.paths import data_dir
 from engine.sink import MemorySink
 from engine.trainer import train
@@ -52,15 +55,21 @@ def batched_tokens_per_s(pool: EnginePool, max_tokens: int) -> float:
     return sum(c.num_tokens for cs in out for c in cs) / seconds
 
 
-def es_iteration(pool: EnginePool, args: argparse.Namespace) -> dict[str, float]:
-    """Mean metrics of the measured ES steps (the first step is a warm-up)."""
-    config = RunConfig.from_flat({
+def es_config(args: argparse.Namespace, lora: bool) -> RunConfig:
+    options = {
         "method": "es", "train_file": str(TRAIN_FILE), "output_dir": "/tmp/eslab-gpu-bench",
         "reward_func_path": "engine.rewards.conciseness.compute_score",
         "population_size": args.population, "data_batch_size": args.prompts,
         "max_steps": args.steps + 1, "max_tokens": args.max_tokens, "noise_std": 0.002,
         "learning_rate": 1e-5,
-    })
+    }
+    if lora:
+        options |= {"perturbation": "lora", "lora_rank": args.rank, "noise_std": 0.02}
+    return RunConfig.from_flat(options)
+
+
+def es_iteration(pool: EnginePool, config: RunConfig) -> dict[str, float]:
+    """Mean metrics of the measured ES steps (the first step is a warm-up)."""
     sink = MemorySink()
     train(config, sink, pool=pool)
     measured = [s.metrics for s in sink.steps[1:]]
@@ -108,8 +117,10 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--lora", action="store_true", help="add the low-rank mode's row")
+    parser.add_argument("--rank", type=int, default=4, help="lora_rank of the --lora row")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--memory", type=float, default=0.5,
+    parser.add_argument("--memory", type=float, default=0.4,
                         help="share of the GPU's memory for all engines of a row together")
     args = parser.parse_args()
 
@@ -126,6 +137,7 @@ def main() -> None:
         # an engine of several only ever holds one member's prompts: fewer CUDA graphs
         seqs = BATCH if k == 1 else 4 * args.prompts
         # an in-process engine does not give all its memory back at shutdown: leave room
+        # (the --lora row starts a second one after it)
         pool = EnginePool(args.model, num_engines=k, engines_per_gpu=k, max_num_seqs=seqs,
                           gpu_memory_utilization=args.memory / k, **common)
         started = time.perf_counter() - start
@@ -135,16 +147,37 @@ def main() -> None:
                 results["parameters"] = info["num_parameters"]
                 results["packed_tensors"] = info["packed_tensors"]
                 results["batched_tokens_per_s"] = batched_tokens_per_s(pool, args.max_tokens)
-            row = {"engines": k, "start_s": started, **es_iteration(pool, args)}
+            row = {"engines": k, "start_s": started,
+                   **es_iteration(pool, es_config(args, lora=False))}
             if k == 1:
                 results["weight_ops_s"] = weight_ops(pool, args.population)
         finally:
             pool.shutdown()
-        results["rows"].append(row)
-        print(json.dumps(row), flush=True)
-        if args.json:  # after every row: a run cut short keeps what it measured
-            args.json.write_text(json.dumps(results, indent=1))
+        record(results, row, args.json)
+    if args.lora:
+        record(results, lora_row(args, common), args.json)
     print_table(results)
+
+
+def lora_row(args: argparse.Namespace, common: dict) -> dict:
+    """The low-rank mode on one multi-LoRA engine (max_loras = the population)."""
+    config = es_config(args, lora=True)
+    start = time.perf_counter()
+    pool = EnginePool(args.model, max_num_seqs=BATCH, gpu_memory_utilization=args.memory,
+                      extra_llm_args=engine_args(config), **common)
+    started = time.perf_counter() - start
+    try:
+        return {"engines": 1, "mode": f"lora r{args.rank}", "start_s": started,
+                **es_iteration(pool, config)}
+    finally:
+        pool.shutdown()
+
+
+def record(results: dict, row: dict, json_file: Path | None) -> None:
+    results["rows"].append(row)
+    print(json.dumps(row), flush=True)
+    if json_file:  # after every row: a run cut short keeps what it measured
+        json_file.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -234,20 +234,24 @@ class EnginePool:
 
         return ray.get(self._actors[index].call.remote(method, *args))
 
-    def update(self, seeds: Sequence[int], coefficients: Sequence[float]) -> str:
-        """Apply the same update on every engine, then prove they agree; return the checksum."""
+    def update(self, seeds: Sequence[int], coefficients: Sequence[float]) -> None:
+        """Apply the same update on every engine, then prove they agree."""
         self.broadcast("update", [int(s) for s in seeds], [float(c) for c in coefficients])
-        return self.verify_in_sync()
+        self.verify_in_sync()
 
-    def verify_in_sync(self) -> str:
+    def verify_in_sync(self) -> None:
+        """EngineMismatchError when the engines' checksums differ. One engine has nothing to
+        agree with, so nothing is hashed (on a GPU machine's CPU that was 0.76 s a step for
+        135M parameters, 8.2 s for 1.07B)."""
+        if self.num_engines > 1:
+            self.checksum()
+
+    def checksum(self) -> str:
         """The engines' common checksum; EngineMismatchError when any differs."""
         checksums = self.broadcast("checksum")
         if len(set(checksums)) != 1:
             raise EngineMismatchError(checksums)
         return checksums[0]
-
-    def checksum(self) -> str:
-        return self.verify_in_sync()
 
     def save_hf(self, path: str) -> None:
         """Write the unperturbed model from engine 0 (all engines hold the same weights)."""

@@ -281,11 +281,11 @@ def test_two_engines_agree_with_one_and_a_mismatch_is_caught(
         # one engine (the session engine, given the pool's state) and two engines agree
         pool.save_master(str(tmp_path / "pool0"))
         vllm_engine.load_master(str(tmp_path / "pool0"))
-        assert vllm_engine.checksum() == pool.verify_in_sync()
+        assert vllm_engine.checksum() == pool.checksum()
         for seeds, coefficients in ([[401, 402], [1e-3, -1e-3]], [[403], [5e-4]]):
-            pooled = pool.update(seeds, coefficients)
+            pool.update(seeds, coefficients)  # checks that its two engines agree
             vllm_engine.update(seeds, coefficients)
-            assert vllm_engine.checksum() == pooled
+            assert vllm_engine.checksum() == pool.checksum()
 
         pool.call_engine(1, "update", [404], [1e-3])  # a deliberately different update
         with pytest.raises(EngineMismatchError):

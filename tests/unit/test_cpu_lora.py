@@ -72,3 +72,35 @@ def test_a_reused_plan_follows_indices_changed_in_place():
     torch.testing.assert_close(first[0], x[0] @ a[0, 0].T)
     torch.testing.assert_close(second[0], x[0] @ a[3, 0].T)
     assert torch.count_nonzero(second[2]) == 0
+
+
+@pytest.mark.parametrize("lowest", [-1, 0], ids=["some-base-tokens", "all-adapters"])
+@pytest.mark.parametrize(("dtype", "ops"), [(torch.float32, torch_ops),
+                                            (torch.bfloat16, cpu_lora)])
+def test_fused_slices_match_vllms_shrink_and_expand_per_slice(dtype, ops, lowest):
+    """add_lora_linear (q, k, v of one layer at once) against vLLM's semantics: per slice, a
+    float32 shrink, then an expand added into y's column slice; -1 tokens untouched. In bf16
+    against the per-slice grouped kernels: vLLM's torch ops round the float32 shrink to bf16
+    before the expand, which the grouped kernels (and the fused one) do not."""
+    g = torch.Generator().manual_seed(1)
+    tokens, adapters, rank, width, slices = 29, 6, 8, 24, (24, 8, 8)
+    x = torch.randn(tokens, width, generator=g).to(dtype)
+    a = tuple(torch.randn(adapters, 1, rank, width, generator=g).to(dtype) for _ in slices)
+    b = tuple(torch.randn(adapters, 1, size, rank, generator=g).to(dtype) for size in slices)
+    indices = torch.randint(lowest, adapters, (tokens,), generator=g)
+    y0 = torch.randn(tokens, sum(slices), generator=g).to(dtype)
+
+    used = indices >= 0  # vLLM's torch ops would index adapter -1 (the last): leave them out
+    part, offset = y0[used].clone(), 0
+    for a_s, b_s, size in zip(a, b, slices, strict=True):
+        buffer = torch.zeros(int(used.sum()), rank)
+        ops.bgmv_shrink(x[used], a_s, buffer, indices[used], 0.25)
+        ops.bgmv_expand_slice(buffer, b_s, part, indices[used], offset, size, True)
+        offset += size
+    expected = y0.clone()
+    expected[used] = part
+    wrapper = type("Wrapper", (), {"token_lora_indices": indices})()
+    ours = y0.clone()
+    cpu_lora.add_lora_linear(wrapper, ours, x, a, b, 0.25, slices)
+    torch.testing.assert_close(ours, expected)
+    assert torch.equal(ours[indices < 0], y0[indices < 0])

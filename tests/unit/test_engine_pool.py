@@ -89,21 +89,24 @@ def test_evaluate_restores_when_a_member_fails():
     assert engine.current is None
 
 
-def test_update_returns_the_checksum_and_mismatch_is_an_error():
+def test_one_engine_updates_without_hashing_and_mismatch_is_an_error(monkeypatch):
     engine = FakeEngine()
     pool = EnginePool.wrap(engine)
-    checksum = pool.update([5, 6], [0.5, -0.5])
+    monkeypatch.setattr(engine, "checksum", lambda: pytest.fail("one engine hashed"))
+    pool.update([5, 6], [0.5, -0.5])
     assert engine.updates == [((5, 6), (0.5, -0.5))]
-    assert checksum == engine.checksum()
     error = EngineMismatchError(["aaaa", "bbbb"])
     assert "engine 1: bbbb" in str(error) and error.checksums == ["aaaa", "bbbb"]
 
 
 def test_verify_in_sync_raises_on_disagreeing_engines(monkeypatch):
     pool = EnginePool.wrap(FakeEngine())
-    monkeypatch.setattr(pool, "broadcast", lambda method, *args: ["x", "y"])
+    monkeypatch.setattr(pool, "_actors", ["engine 0", "engine 1"])  # as if two Ray actors
+    calls = []
+    monkeypatch.setattr(pool, "broadcast", lambda method, *args: calls.append(method) or ["x", "y"])
     with pytest.raises(EngineMismatchError):
         pool.verify_in_sync()
+    assert calls == ["checksum"]
 
 
 def test_unperturbed_generation_and_logprobs_go_through_the_pool():

@@ -18,6 +18,7 @@ cpu_weights; on GPUs vLLM uses its own kernels and nothing changes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -29,8 +30,11 @@ class _Plan:
 
     order: torch.Tensor  # [T'] token positions
     slots: torch.Tensor  # [T'] group * rows + row within the group
+    targets: torch.Tensor  # [G * rows] the token of each padded row (padding rows: token 0)
+    sources: torch.Tensor | None  # [T] each token's padded row, when every token has one
     adapters: torch.Tensor  # [G]
     rows: int
+    first_slots: bool  # the adapters are slots 0..G-1: their weights are a view, not a copy
 
 
 _last_plan: tuple[tuple[torch.Tensor, ...], _Plan | None] | None = None
@@ -40,8 +44,6 @@ def _plan(*key: torch.Tensor) -> _Plan | None:
     """The plan of per-token adapter indices (`key`: the token indices, or the sequences'
     indices and lengths); every layer of a forward pass asks with the same values, so the
     last plan is kept and reused while the values are equal (compared, never assumed)."""
-    import torch
-
     global _last_plan
     if _last_plan is not None and len(_last_plan[0]) == len(key) and all(
             a.shape == b.shape and torch.equal(a, b) for a, b in zip(_last_plan[0], key,
@@ -57,34 +59,67 @@ def _plan(*key: torch.Tensor) -> _Plan | None:
         starts = torch.cumsum(counts, 0) - counts
         rows = int(counts.max())
         slots = group * rows + torch.arange(order.numel()) - starts[group]
-        plan = _Plan(order, slots, adapters, rows)
+        targets = torch.zeros(adapters.numel() * rows, dtype=torch.long)
+        targets[slots] = order
+        sources = None
+        if order.numel() == indices.numel():
+            sources = torch.empty_like(slots)
+            sources[order] = slots
+        plan = _Plan(order, slots, targets, sources, adapters, rows,
+                     first_slots=int(adapters[-1]) == adapters.numel() - 1)
     _last_plan = (tuple(k.clone() for k in key), plan)
     return plan
 
 
+def _padded(inputs: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    """The tokens with an adapter as fp32 [G, rows, features], zero rows as padding."""
+    groups, width = plan.adapters.numel(), inputs.shape[-1]
+    padded = inputs.new_zeros(groups * plan.rows, width, dtype=torch.float32)
+    padded.index_copy_(0, plan.slots, inputs.view(-1, width).index_select(0, plan.order).float())
+    return padded.view(groups, plan.rows, width)
+
+
+def _shrink(padded: torch.Tensor, a: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    """[G, rows, r] = padded x A^T in fp32: the rank-sized output takes a slow path in CPU
+    bf16 bmm at decode sizes (0.10 against 0.02 ms for 32 x 4 x 576, measured)."""
+    return torch.bmm(padded, _selected(a, plan).float().mT)
+
+
+def _expand(shrunk: torch.Tensor, b: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    """[G * rows, out] = shrunk x B^T in B's dtype, as vLLM's expand (its input is cast to the
+    output dtype first). In bf16 this is the fast path: 1.3 against 9.8 ms in fp32 for
+    32 adapters x 78 tokens x 3072 outputs (measured), and half the bytes to scatter."""
+    products = torch.bmm(shrunk.to(b.dtype), _selected(b, plan).mT)
+    return products.view(-1, products.shape[-1])
+
+
+def _selected(weights: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    """The plan's adapters' weights, [G, out, in], from [L, out, in] or [L, 1, out, in]
+    stacked: a view, nothing copied, when they are the first slots (the usual case)."""
+    if weights.dim() == 4:
+        weights = weights.squeeze(1)
+    if plan.first_slots:
+        return weights[: plan.adapters.numel()]
+    return weights.index_select(0, plan.adapters)
+
+
 def lora_matmul(inputs: torch.Tensor, weights: torch.Tensor, *key: torch.Tensor,
-                dtype: torch.dtype | None = None) -> torch.Tensor:
+                dtype: torch.dtype | None = None, expand: bool = False) -> torch.Tensor:
     """out[t] = inputs[t] @ weights[index[t]].T, zeros where index[t] < 0, returned in
     `dtype` (default: the weights'); weights [L, out, in] or [L, 1, out, in], inputs [T, in];
     `key` gives the token indices, or the sequences' indices and lengths (see _plan).
-
-    The product is computed in fp32: with a rank-sized inner dimension, CPU bf16 bmm takes
-    a slow path (measured 3.7 ms against 0.003 ms in fp32 for 8 x 8 x 576). Only the
-    adapters in use are converted, never the whole stacked buffer."""
-    if weights.dim() == 4:
-        weights = weights.squeeze(1)
+    A shrink (expand False) computes in fp32, an expand in the weights' dtype."""
     dtype = dtype or weights.dtype
-    out = inputs.new_zeros(inputs.shape[0], weights.shape[1], dtype=dtype)
+    out = inputs.new_zeros(inputs.shape[0], weights.shape[-2], dtype=dtype)
     plan = _plan(*key)
     if plan is None:
         return out
-    groups, width = plan.adapters.numel(), inputs.shape[1]
-    padded = inputs.new_zeros(groups * plan.rows, width, dtype=torch.float32)
-    padded.index_copy_(0, plan.slots, inputs.index_select(0, plan.order).float())
-    selected = weights.index_select(0, plan.adapters).float()  # [G, out, in]
-    products = torch.bmm(padded.view(groups, plan.rows, width), selected.transpose(1, 2))
-    rows = products.view(groups * plan.rows, -1).index_select(0, plan.slots)
-    out.index_copy_(0, plan.order, rows.to(dtype))
+    padded = _padded(inputs, plan)
+    if expand:
+        products = _expand(padded, weights, plan)
+    else:
+        products = _shrink(padded, weights, plan).view(-1, weights.shape[-2])
+    _add_rows(out, products.to(dtype), plan)
     return out
 
 
@@ -98,7 +133,7 @@ def bgmv_shrink(inputs, lora_weights, output_tensor, lora_indices_tensor, scalin
 def bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_inputs=True,
                 *, key=None):
     key = key or (lora_indices_tensor,)
-    out = lora_matmul(inputs, lora_b_weights, *key, dtype=output_tensor.dtype)
+    out = lora_matmul(inputs, lora_b_weights, *key, dtype=output_tensor.dtype, expand=True)
     limit = 1 if out.shape[0] == 1 and output_tensor.shape[0] != 1 else output_tensor.shape[0]
     common = min(out.shape[1], output_tensor.shape[1])  # padding may differ
     if add_inputs:
@@ -110,7 +145,7 @@ def bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_
 def bgmv_expand_slice(inputs, lora_b_weights, output_tensor, lora_indices_tensor,
                       slice_offset, slice_size, add_inputs=True, *, key=None):
     key = key or (lora_indices_tensor,)
-    out = lora_matmul(inputs, lora_b_weights, *key, dtype=output_tensor.dtype)
+    out = lora_matmul(inputs, lora_b_weights, *key, dtype=output_tensor.dtype, expand=True)
     target = output_tensor[:, slice_offset:slice_offset + slice_size]
     if add_inputs:
         target += out
@@ -137,6 +172,40 @@ def sgmv_expand_slice(inputs, lora_b_weights, output_tensor, b_seq_start_loc, se
                       add_inputs, key=(lora_indices_tensor, seq_len_tensor))
 
 
+def add_lora_linear(self: Any, y: torch.Tensor, x: torch.Tensor,
+                    lora_a_stacked: tuple[torch.Tensor, ...],
+                    lora_b_stacked: tuple[torch.Tensor, ...], scale: float,
+                    output_slices: tuple[int, ...], *, buffer: Any = None,
+                    **kwargs: Any) -> None:
+    """PunicaWrapperCPU.add_lora_linear with all slices of a fused layer (q, k, v or gate,
+    up) at once: y[t] += scale * x[t] A_s B_s for each slice s of token t's adapter.
+
+    vLLM calls a shrink and an expand per slice, each gathering the tokens and writing a
+    whole output tensor; here the tokens are gathered once per layer and each slice's
+    products are added straight into y's columns (measured: 2.9 s less per generate call of
+    32 adapters x 4 prompts on the default model)."""
+    plan = _plan(self.token_lora_indices)
+    if plan is None:
+        return
+    padded = _padded(x, plan)
+    flat, offset = y.view(-1, y.shape[-1]), 0
+    for a, b, size in zip(lora_a_stacked, lora_b_stacked, output_slices, strict=True):
+        products = _expand(_shrink(padded, a, plan) * scale, b[..., :size, :], plan)
+        _add_rows(flat[:, offset:offset + size], products.to(y.dtype), plan)
+        offset += size
+
+
+def _add_rows(out: torch.Tensor, products: torch.Tensor, plan: _Plan) -> None:
+    """out[t] += the padded product row of token t. Gathered into token order and added when
+    every token has an adapter (index_add_ into y's column slice, a strided view, took 5.1
+    against 1.4 ms for 2,500 tokens x 1,536, measured); else scattered with index_add_, where
+    the padding rows, exact zeros for finite weights, go to token 0 and change nothing."""
+    if plan.sources is not None:
+        out.add_(products.index_select(0, plan.sources))
+    else:
+        out.index_add_(0, plan.targets, products)
+
+
 _REPLACED = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand",
              "sgmv_expand_slice")
 
@@ -149,8 +218,10 @@ def install_grouped_cpu_lora() -> bool:
         from vllm.lora.punica_wrapper import punica_cpu
     except ImportError:
         return False
-    if not all(hasattr(punica_cpu, name) for name in _REPLACED):
+    wrapper = getattr(punica_cpu, "PunicaWrapperCPU", None)
+    if wrapper is None or not all(hasattr(punica_cpu, name) for name in _REPLACED):
         return False
     for name in _REPLACED:
         setattr(punica_cpu, name, globals()[name])
+    wrapper.add_lora_linear = add_lora_linear
     return True

@@ -84,16 +84,17 @@ def apply_lora_update(worker: Any, model: torch.nn.Module, spec: Mapping[str, An
         target = LoraTarget(raw[0], int(raw[1]), raw[2], int(raw[3]), int(raw[4]))
         param, start = _locate(model, target.name)
         i = index[param]
+        device = worker._es_master[i].device
         if i not in deltas:
             layout = worker._es_layouts[i]
             shape = (layout[1], layout[2]) if layout else tuple(worker._es_master[i].shape)
-            deltas[i] = torch.zeros(shape, dtype=torch.float32)
+            deltas[i] = torch.zeros(shape, dtype=torch.float32, device=device)
         deltas[i][start:start + target.out_features] += dense_update(
-            seeds, coefficients, target, rank, scales[target.layer])
+            seeds, coefficients, target, rank, scales[target.layer], device)
     with torch.inference_mode():
         for i, delta in deltas.items():
             master = worker._es_master[i]
-            master.add_(cpu_weights.to_live(delta, worker._es_layouts[i]).to(master.device))
+            master.add_(cpu_weights.to_live(delta, worker._es_layouts[i]))
             worker._es_live[i].copy_(master)
             worker._es_snapshot[i].copy_(worker._es_live[i])
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.backends.vllm import cpu_lora, cpu_weights, lora_engine
+from engine.backends.vllm.fingerprint import hashed_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -165,15 +166,16 @@ class PerturbationWorkerExtension:
     # ---- checks -----------------------------------------------------------------------------
 
     def es_checksum(self) -> str:
-        """sha256 over every serving tensor and its fp32 master (names, dtypes, shapes, bytes).
+        """sha256 over every serving tensor and its fp32 master (names, dtypes, shapes, bytes;
+        on a GPU each tensor's bytes are first reduced there, see fingerprint).
 
         Engines that agree on it serve the same weights and will compute the same updates.
         """
         digest = hashlib.sha256()
         for name, live, master in zip(self._es_names, self._es_live, self._es_master, strict=True):
             digest.update(f"{name}|{live.dtype}|{tuple(live.shape)}".encode())
-            digest.update(_bytes(live))
-            digest.update(_bytes(master))
+            digest.update(hashed_bytes(live))
+            digest.update(hashed_bytes(master))
         return digest.hexdigest()
 
     def es_check_snapshot(self) -> list[str]:
@@ -376,13 +378,6 @@ def _fused_modules(model: Any) -> dict[str, tuple[list[str], list[int]]]:
 
 def _master_file(tp_rank: int, tp_size: int) -> str:
     return MASTER_FILE if tp_size == 1 else f"master-tp{tp_rank}-of-{tp_size}.safetensors"
-
-
-def _bytes(tensor: torch.Tensor) -> memoryview:
-    import torch
-
-    flat = tensor.detach().reshape(-1).contiguous().to("cpu").view(torch.uint8)
-    return memoryview(flat.numpy())
 
 
 def _bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
