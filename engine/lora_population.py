@@ -10,10 +10,12 @@ adapters (multi-LoRA); with several engines the members are split over them.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +64,12 @@ class LoraPopulation:
         self.model_dir = str(model_dir)
         self.rank, self.alpha, self.mode = lora.lora_rank, lora.lora_alpha, lora.lora_update
         self.dtype = _serving_dtype(config.model.dtype)
+        specs = source_tensor_specs(model_dir)
+        if not specs:
+            raise ValueError(f"model: no safetensors weights in {model_dir} (lora mode reads "
+                             "the shapes and scales of its target layers there)")
         self.targets: list[LoraTarget] = find_targets(
-            source_tensor_specs(model_dir), parse_modules(lora.lora_target_modules),
+            specs, parse_modules(lora.lora_target_modules),
             parse_layers(lora.lora_target_layers))
         if not self.targets:
             raise ValueError(f"no LoRA target in {model_dir} for lora_target_modules "
@@ -82,22 +88,25 @@ class LoraPopulation:
 
     def write_members(self, members: Sequence[Member], noise_std: float,
                       step: int) -> list[str]:
-        """One adapter folder per member (delta = sign * sigma * m_l * B A / sqrt(r))."""
-        folders = []
-        for m in members:
-            scale = m.sign * noise_std
-            if self.trained is not None:
-                factors = self.trained.member_factors(m.seed, scale, self.scales)
-                rank = 2 * self.rank
-            else:
-                factors = {t.name: perturbation(m.seed, scale, t, self.rank, self.scales[t.layer])
-                           for t in self.targets}
-                rank = self.rank
-            folder = self.root / f"step-{step}" / f"member-{m.index}"
-            write_adapter(folder, factors, rank=rank, alpha=self.alpha,
-                          base_model=self.model_dir, dtype=self.dtype)
-            folders.append(str(folder))
-        return folders
+        """One adapter folder per member (delta = sign * sigma * m_l * B A / sqrt(r)), written
+        by a thread per core: drawing the factors and writing the files release the GIL (on a
+        GPU this phase was a third of a lora step: 1.1 s for 32 members of 135M, H200)."""
+        with ThreadPoolExecutor(max_workers=min(len(members), os.cpu_count() or 1)) as threads:
+            return list(threads.map(lambda m: self._write_member(m, noise_std, step), members))
+
+    def _write_member(self, m: Member, noise_std: float, step: int) -> str:
+        scale = m.sign * noise_std
+        if self.trained is not None:
+            factors = self.trained.member_factors(m.seed, scale, self.scales)
+            rank = 2 * self.rank
+        else:
+            factors = {t.name: perturbation(m.seed, scale, t, self.rank, self.scales[t.layer])
+                       for t in self.targets}
+            rank = self.rank
+        folder = self.root / f"step-{step}" / f"member-{m.index}"
+        write_adapter(folder, factors, rank=rank, alpha=self.alpha, base_model=self.model_dir,
+                      dtype=self.dtype)
+        return str(folder)
 
     def evaluate(self, pool: EnginePool, members: Sequence[Member], noise_std: float,
                  task: GenerateAndScore, step: int) -> list[ScoredBatch]:

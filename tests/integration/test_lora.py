@@ -20,7 +20,7 @@ from engine.backends.vllm.hf_export import source_tensor_specs
 from engine.backends.vllm.lora_engine import lora_update_spec
 from engine.config import RunConfig
 from engine.lora_population import ADAPTER_DIR, FACTORS_FILE
-from engine.paths import data_dir
+from engine.paths import data_dir, default_model_dir
 from engine.sink import MemorySink
 from engine.trainer import train
 
@@ -56,7 +56,8 @@ def counting(vllm_lora_engine, tmp_path_factory):
 
 def lora_config(tmp_path: Path, **options) -> RunConfig:
     base = {
-        "method": "es", "perturbation": "lora", "train_file": str(CONCISENESS / "train.parquet"),
+        "method": "es", "perturbation": "lora", "model": str(default_model_dir()),
+        "train_file": str(CONCISENESS / "train.parquet"),
         "output_dir": str(tmp_path / "out"),
         "reward_func_path": "engine.rewards.conciseness.compute_score",
         "population_size": 4, "antithetic": True, "data_batch_size": 2, "max_steps": 1,

@@ -124,3 +124,15 @@ def test_written_adapter_is_peft_format_and_folds_alpha_into_b(tmp_path):
     stored_a = tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
     stored_b = tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"]
     torch.testing.assert_close(8.0 / 2 * stored_b @ stored_a, b @ a)
+
+
+def test_a_model_folder_without_weights_is_a_clear_error(tmp_path):
+    from engine.config import RunConfig
+    from engine.lora_population import LoraPopulation
+
+    config = RunConfig.from_flat({"method": "es", "perturbation": "lora",
+                                  "model": str(tmp_path), "train_file": "x.parquet",
+                                  "output_dir": str(tmp_path / "out"),
+                                  "reward_func_path": "engine.rewards.conciseness.compute_score"})
+    with pytest.raises(ValueError, match=r"model: no safetensors weights in .*lora mode"):
+        LoraPopulation(config, tmp_path)
