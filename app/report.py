@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import altair as alt
 
 from app import run_charts
-from app.views import duration, elapsed
+from app.views import duration, elapsed, mode
 from engine import metrics as mk
 from jobs.store.records import RunRecord
 from jobs.store.store import Store
@@ -63,7 +63,7 @@ def _table(rows: list[tuple[str, object]] | list[dict], header: bool = False) ->
 def summary_rows(store: Store, run: RunRecord) -> list[tuple[str, object]]:
     latest = store.latest_metrics([run.id]).get(run.id, {})
     best = store.best_metrics([run.id], mk.reward_key(mk.EVAL)).get(run.id)
-    return [("status", run.status.value), ("method", run.method),
+    return [("status", run.status.value), ("method", run.method), ("mode", mode(run)),
             ("model", run.config.get("model")), ("task", run.config.get("train_file")),
             ("step", f"{run.step} / {run.total_steps or '?'}"),
             ("created", run.created_at), ("started", run.started_at or "–"),

@@ -47,6 +47,17 @@ def label(run: RunRecord) -> str:
     return f"{run.name} (#{run.id})"
 
 
+def mode(run: RunRecord) -> str:
+    """How the run perturbs its members: `full` (full-rank noise, one member at a time), or
+    `lora rR` (a rank-R adapter per member, all evaluated in one call), `+ adapter` when the
+    update is kept as a trained adapter rather than merged."""
+    config = run.config
+    if config.get("perturbation", "full") != "lora":
+        return "full"
+    text = f"lora r{config.get('lora_rank', '?')}"
+    return f"{text} + adapter" if config.get("lora_update") == "adapter" else text
+
+
 def model_name(run: RunRecord) -> str:
     return Path(str(run.config.get("model") or "")).name
 

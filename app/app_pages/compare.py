@@ -6,7 +6,16 @@ import streamlit as st
 
 from app import charts, forms
 from app.state import get_store
-from app.views import duration, elapsed, label, param, param_list, set_param, smoothing_param
+from app.views import (
+    duration,
+    elapsed,
+    label,
+    mode,
+    param,
+    param_list,
+    set_param,
+    smoothing_param,
+)
 from engine import metrics as mk
 from jobs.store.errors import StoreError
 
@@ -52,7 +61,7 @@ st.subheader("Summary")
 latest = store.latest_metrics([r.id for r in runs])
 best = store.best_metrics([r.id for r in runs], mk.reward_key(mk.EVAL))
 st.dataframe(pd.DataFrame([{
-    "run": label(r), "status": r.status.value, "method": r.method,
+    "run": label(r), "status": r.status.value, "method": r.method, "mode": mode(r),
     "step": f"{r.step} / {r.total_steps or '?'}", "elapsed": duration(elapsed(r)),
     "train reward (last)": latest[r.id].get(mk.reward_key(mk.TRAIN)),
     "eval reward (best)": best.get(r.id), metric + " (last)": latest[r.id].get(metric),

@@ -8,7 +8,7 @@ from app import actions, exports, report, run_charts
 from app.alignment_view import alignment_view
 from app.samples_view import lbes_view, samples_table
 from app.state import get_store
-from app.views import duration, elapsed, eta, param, set_param, smoothing_param
+from app.views import duration, elapsed, eta, mode, param, set_param, smoothing_param
 from engine.paths import resolve_path
 from jobs.store.errors import StoreError
 
@@ -41,7 +41,8 @@ def status() -> None:
 
 
 st.title(run.name)
-st.caption(f"run {run.id} · {run.method} · uuid {run.uuid} · tags: {', '.join(run.tags) or '–'}")
+st.caption(f"run {run.id} · {run.method} · {mode(run)} · uuid {run.uuid} · "
+           f"tags: {', '.join(run.tags) or '–'}")
 refresh = None if run.status.is_terminal() else REFRESH_SECONDS
 st.fragment(run_every=refresh)(status)()
 

@@ -11,6 +11,7 @@ from app.state import get_store
 from app.views import (
     int_param,
     label,
+    mode,
     model_name,
     param,
     param_list,
@@ -78,7 +79,7 @@ def table_and_actions(refreshing: bool) -> None:
     best = store.best_metrics(ids, mk.reward_key(mk.EVAL))
     table = pd.DataFrame([{
         "id": r.id, "name": r.name, "status": r.status.value, "method": r.method,
-        "model": model_name(r), "task": task_name(r), "progress": progress(r),
+        "mode": mode(r), "model": model_name(r), "task": task_name(r), "progress": progress(r),
         "step": f"{r.step} / {r.total_steps or '?'}", "best eval reward": best.get(r.id),
         "train reward": lines[r.id], "created": r.created_at, "tags": ", ".join(r.tags),
         "open": f"/run?run={r.id}",

@@ -333,3 +333,17 @@ def test_runs_page_refreshes_only_while_a_run_is_live(store):
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
     assert not at.exception
     assert "refreshing" not in at.caption[0].value
+
+
+def test_runs_run_page_and_compare_show_the_perturbation_mode(store, dataset, tmp_path):
+    from tests.app.conftest import make_config
+
+    config = make_config(dataset, tmp_path / "low", perturbation="lora", lora_rank=8)
+    low = store.create_run(name="low-rank-run", method="es", config=config.to_flat(),
+                           total_steps=5)
+    table = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run().dataframe[0].value
+    assert dict(zip(table["name"], table["mode"], strict=True)) == {
+        "alpha-run": "full", "beta-run": "full", "low-rank-run": "lora r8"}
+    assert "· es · lora r8 ·" in page("app_pages/run.py", run=str(low.id)).caption[0].value
+    compared = page("app_pages/compare.py", runs=f"1,{low.id}")
+    assert "lora r8" in text_of(compared) and "full" in text_of(compared)

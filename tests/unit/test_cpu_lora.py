@@ -110,7 +110,7 @@ def test_fused_slices_match_vllms_shrink_and_expand_per_slice(dtype, ops, lowest
 def test_bf16_lora_matches_fp32_math_within_bf16_rounding(tokens):
     """Short rows take the fp32 shrink, long rows (prefill) the bf16 one: both within bf16
     rounding of the same product computed in fp32."""
-    x, a, b, indices = _case(tokens=tokens, adapters=4, width=64)
+    x, a, _, indices = _case(tokens=tokens, adapters=4, width=64)
     assert (cpu_lora._plan(indices).rows < cpu_lora.SMALL_ROWS) == (tokens == 12)
     ours = cpu_lora.lora_matmul(x.bfloat16(), a.bfloat16(), indices, dtype=torch.float32)
     exact = torch.einsum("ti,tri->tr", x.bfloat16().float(), a.bfloat16().float()[indices, 0])
