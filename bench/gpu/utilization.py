@@ -57,7 +57,8 @@ def batched_tokens_per_s(pool: EnginePool, max_tokens: int) -> float:
 
 def es_config(args: argparse.Namespace, lora: bool) -> RunConfig:
     options = {
-        "method": "es", "train_file": str(TRAIN_FILE), "output_dir": "/tmp/eslab-gpu-bench",
+        "method": "es", "model": args.model, "train_file": str(TRAIN_FILE),
+        "output_dir": "/tmp/eslab-gpu-bench",
         "reward_func_path": "engine.rewards.conciseness.compute_score",
         "population_size": args.population, "data_batch_size": args.prompts,
         "max_steps": args.steps + 1, "max_tokens": args.max_tokens, "noise_std": 0.002,
