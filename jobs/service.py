@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -44,7 +45,9 @@ class ServiceError(Exception):
 
 
 def serve(host: str, port: int, settings: SchedulerSettings | None = None) -> int:
-    """Run until Ctrl-C (or until the dashboard exits); returns the exit code."""
+    """Run until Ctrl-C, SIGTERM or SIGHUP (or until the dashboard exits); returns the exit
+    code."""
+    _stop_on_termination_signals()
     store = Store()  # refuses an unreachable or outdated database in one line
     settings = settings or SchedulerSettings.from_env()
     try:
@@ -85,6 +88,19 @@ def serve(host: str, port: int, settings: SchedulerSettings | None = None) -> in
             store.release_lock(LOCK_NAME, owner)
     finally:
         store.close()
+
+
+def _stop_on_termination_signals() -> None:
+    """SIGTERM (`kill`, a service manager) and SIGHUP (the terminal closed) stop `eslab serve`
+    the way Ctrl-C does. Python's default for both ends the process without running `finally`
+    blocks, which left the Ray head (in a session of its own), its runs and the scheduler
+    lock behind (seen: a Ray head still up after `eslab serve` was terminated)."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
 
 
 # -- Ray --------------------------------------------------------------------------------

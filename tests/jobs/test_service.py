@@ -71,6 +71,11 @@ class Serve:
         os.killpg(self.process.pid, signal.SIGINT)
         return self.process.wait(timeout)
 
+    def terminate(self, timeout: float) -> int:
+        """SIGTERM to `eslab serve` alone, as `kill PID` or a service manager sends it."""
+        self.process.terminate()
+        return self.process.wait(timeout)
+
     def kill(self) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
@@ -106,3 +111,17 @@ def test_serve_schedules_refuses_a_second_scheduler_and_stops_cleanly(
         first.kill()
         if second is not None:
             second.kill()
+
+
+def test_sigterm_stops_serve_like_ctrl_c(sqlite_store, sqlite_url):
+    """`kill PID` must not leave the Ray head (its own session), nor the scheduler lock."""
+    serve = Serve(sqlite_url)
+    try:
+        wait_for(serve.dashboard_answers, 90, "the dashboard")
+        ray_url = next(line.split()[-1] for line in serve.lines if "Ray dashboard on" in line)
+        assert serve.terminate(timeout=60) == 0, "\n".join(serve.lines)
+        assert sqlite_store.lock_holder("scheduler") is None
+        with pytest.raises(OSError):
+            urllib.request.urlopen(ray_url, timeout=2)  # the local Ray head is gone
+    finally:
+        serve.kill()
