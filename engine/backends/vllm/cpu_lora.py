@@ -7,12 +7,14 @@ arithmetic, is the cost: measured on this machine (one thread), one shrink of 51
 over 8 adapters took 209 ms against 11 ms for the base layer's own matmul, and 2.4 s for
 4096 tokens over 128 adapters.
 
-The replacements here give the same result with one batched matmul: tokens are sorted by
+The replacements here give the same result with batched matmuls: tokens are sorted by
 adapter, padded into [adapters, tokens per adapter, in] and multiplied with the adapters'
-weights by `torch.bmm`, so each adapter's weights are read once per call (1.8 to 14 ms for
-the cases above). Tokens without an adapter (index -1) get no LoRA term. They are installed
-into vLLM's CPU punica wrapper when the worker extension module is imported, like
-cpu_weights; on GPUs vLLM uses its own kernels and nothing changes.
+weights (a view of vLLM's stacked buffers, not a copy) by `torch.bmm`, so each adapter's
+weights are read once per call (1.8 to 14 ms for the cases above). `add_lora_linear` does
+all slices of a fused layer (q/k/v, gate/up) with one gather of the tokens and adds the
+products straight into the layer's output. Tokens without an adapter (index -1) get no LoRA
+term. They are installed into vLLM's CPU punica wrapper when the worker extension module is
+imported, like cpu_weights; on GPUs vLLM uses its own kernels and nothing changes.
 """
 
 from __future__ import annotations
