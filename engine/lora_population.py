@@ -1,21 +1,21 @@
-"""The trainer's side of `perturbation: lora`: write each step's member adapters, evaluate the
-whole population in one engine call, and apply the update (engine/lora.py has the math).
+"""The trainer's side of `perturbation: lora`: put each step's members into the engines'
+LoRA slots, evaluate the whole population in one engine call, and apply the update
+(engine/lora.py has the math).
 
-Members are written as PEFT folders to a private tmpfs folder (/dev/shm where it exists),
-one folder per (step, member), and deleted after the step: the factors are regenerated from
-the seeds whenever they are needed, so nothing else is kept. Every prompt of every member
-goes into one `generate` call with one adapter per prompt, which vLLM batches across
-adapters (multi-LoRA); with several engines the members are split over them.
+Members go to vLLM's adapter slots from their seeds, drawn by the engine's worker
+(engine/backends/vllm/lora_engine.py): nothing but (slot, seed, scale) leaves this process,
+and no member is ever written to a file. Every prompt of every member goes into one
+`generate` call with one slot per prompt, which vLLM batches across adapters (multi-LoRA);
+with several engines the members are split over them. In adapter mode the trained adapter's
+factors go in front of every member's (rank 2r), read by the workers from one file a step.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,6 @@ from engine.lora import (
     layer_scales,
     parse_layers,
     parse_modules,
-    perturbation,
     write_adapter,
 )
 from engine.tasks import GenerateAndScore, ScoredBatch
@@ -39,9 +38,6 @@ ADAPTER_DIR = "adapter"
 
 FACTORS_FILE = "eslab_factors.safetensors"
 """The trained adapter's exact fp32 factors (delta = B A), next to the PEFT files."""
-
-TMPFS = Path("/dev/shm")
-
 
 def engine_args(config: RunConfig) -> dict[str, Any]:
     """Extra `LLM(...)` arguments of the engines of a lora run (multi-LoRA serving)."""
@@ -63,7 +59,6 @@ class LoraPopulation:
         lora = config.lora
         self.model_dir = str(model_dir)
         self.rank, self.alpha, self.mode = lora.lora_rank, lora.lora_alpha, lora.lora_update
-        self.dtype = _serving_dtype(config.model.dtype)
         specs = source_tensor_specs(model_dir)
         if not specs:
             raise ValueError(f"model: no safetensors weights in {model_dir} (lora mode reads "
@@ -81,48 +76,22 @@ class LoraPopulation:
                 weights.update({k: f.get_tensor(k) for k in f.keys() if k in wanted})  # noqa: SIM118
         self.scales = layer_scales(weights, self.targets, lora.lora_noise_scaling)
         self.trained = TrainedAdapter(self.targets, self.rank) if self.mode == "adapter" else None
-        self.root = Path(tempfile.mkdtemp(prefix="eslab-lora-",
-                                          dir=TMPFS if TMPFS.is_dir() else None))
+        self.root: Path | None = None  # adapter mode: where the trained factors go each step
 
     # ---- one step ---------------------------------------------------------------------------
-
-    def write_members(self, members: Sequence[Member], noise_std: float,
-                      step: int) -> list[str]:
-        """One adapter folder per member (delta = sign * sigma * m_l * B A / sqrt(r)), written
-        by a thread per core: drawing the factors and writing the files release the GIL (on a
-        GPU this phase was a third of a lora step: 1.1 s for 32 members of 135M, H200)."""
-        with ThreadPoolExecutor(max_workers=min(len(members), os.cpu_count() or 1)) as threads:
-            return list(threads.map(lambda m: self._write_member(m, noise_std, step), members))
-
-    def _write_member(self, m: Member, noise_std: float, step: int) -> str:
-        scale = m.sign * noise_std
-        if self.trained is not None:
-            factors = self.trained.member_factors(m.seed, scale, self.scales)
-            rank = 2 * self.rank
-        else:
-            factors = {t.name: perturbation(m.seed, scale, t, self.rank, self.scales[t.layer])
-                       for t in self.targets}
-            rank = self.rank
-        folder = self.root / f"step-{step}" / f"member-{m.index}"
-        write_adapter(folder, factors, rank=rank, alpha=self.alpha, base_model=self.model_dir,
-                      dtype=self.dtype)
-        return str(folder)
 
     def evaluate(self, pool: EnginePool, members: Sequence[Member], noise_std: float,
                  task: GenerateAndScore, step: int) -> list[ScoredBatch]:
         """All members' completions in one engine call, scored per member, in member order.
-        `pool.last_stats` gets the adapter-writing seconds as the perturb phase."""
+        `pool.last_stats` gets the time of writing the members' slots as the perturb phase."""
         start = time.perf_counter()
-        folders = self.write_members(members, noise_std, step)
+        slots = [m.index for m in members for _ in task.prompts]
+        pool.set_lora_members({m.index: (m.seed, m.sign * noise_std) for m in members}, slots,
+                              self._member_spec(step))
         written = time.perf_counter()
-        try:
-            prompts = task.prompts * len(members)
-            adapters = [f for f in folders for _ in task.prompts]
-            s = task.sampling
-            outputs = pool.generate(prompts, n=s.n, temperature=s.temperature,
-                                    max_tokens=s.max_tokens, seed=s.seed, adapters=adapters)
-        finally:
-            shutil.rmtree(self.root / f"step-{step}", ignore_errors=True)
+        s = task.sampling
+        outputs = pool.generate(task.prompts * len(members), n=s.n, temperature=s.temperature,
+                                max_tokens=s.max_tokens, seed=s.seed, adapters=slots)
         generated = time.perf_counter()
         per_member = len(task.prompts)
         results = []
@@ -134,6 +103,26 @@ class LoraPopulation:
             results.append(batch)
         pool.last_stats = {"perturb_s": written - start, "restore_s": 0.0}
         return results
+
+    def _member_spec(self, step: int) -> dict[str, Any]:
+        """What the workers need to draw this step's members (lora_engine.write_member_slots):
+        targets, rank, scales and, in adapter mode, the file of the trained factors."""
+        from engine.backends.vllm.lora_engine import lora_update_spec
+
+        spec = lora_update_spec(self.targets, self.rank, self.scales)
+        if self.trained is not None:
+            from safetensors.torch import save_file
+
+            from engine.backends.vllm.lora_engine import tmpfs_dir
+
+            if self.root is None:
+                self.root = Path(tempfile.mkdtemp(prefix="eslab-lora-", dir=tmpfs_dir()))
+            for old in self.root.glob("trained-*.safetensors"):
+                old.unlink()
+            path = self.root / f"trained-{step}.safetensors"
+            save_file(self.trained.state(), str(path))
+            spec["trained"] = str(path)
+        return spec
 
     def update(self, pool: EnginePool, seeds: Sequence[int],
                coefficients: Sequence[float]) -> None:
@@ -171,12 +160,5 @@ class LoraPopulation:
         self.trained.load_state(load_file(str(Path(folder) / ADAPTER_DIR / FACTORS_FILE)))
 
     def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _serving_dtype(dtype: str) -> Any:
-    """Member adapters are written in the serving dtype (bf16 for auto): vLLM serves LoRA
-    weights in the model dtype anyway, and bf16 halves what is written and read per step."""
-    import torch
-
-    return torch.float32 if dtype == "float32" else getattr(torch, dtype, torch.bfloat16)
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from engine.backends.base import (
@@ -192,10 +192,11 @@ class EnginePool:
         temperature: float = 0.0,
         max_tokens: int = 256,
         seed: int | None = None,
-        adapters: Sequence[str | None] | None = None,
+        adapters: Sequence[int | str | None] | None = None,
     ) -> list[list[Completion]]:
         """Completions of the unperturbed model, prompts split evenly over the engines;
-        `adapters` optionally names a LoRA folder per prompt (multi-LoRA engines)."""
+        `adapters` optionally names a LoRA per prompt (multi-LoRA engines): a member slot
+        (see set_lora_members) or a PEFT folder."""
         parts = _split(list(prompts), self.num_engines)
         args = [(p, n, temperature, max_tokens, seed) for p in parts]
         if adapters is not None:
@@ -203,6 +204,15 @@ class EnginePool:
                                                                self.num_engines), strict=True)]
         outs = self._scatter("generate", args)
         return [c for out in outs for c in out]
+
+    def set_lora_members(self, members: Mapping[int, tuple[int, float]],
+                         adapters: Sequence[int], spec: dict[str, Any]) -> None:
+        """Write members (slot -> (seed, scale)) into the LoRA slots of the engines that
+        serve them: `adapters` is the per-prompt slot list that `generate` will get, and
+        each engine gets the members of its part of it."""
+        parts = _split(list(adapters), self.num_engines)
+        self._scatter("set_lora_members", [
+            ([(slot, *members[slot]) for slot in dict.fromkeys(part)], spec) for part in parts])
 
     def completion_logprobs(
         self, prompts: Sequence[Messages], completions: Sequence[str | Sequence[int]]

@@ -119,6 +119,37 @@ def test_merged_update_adds_the_dense_low_rank_update(vllm_lora_engine, counting
     torch.testing.assert_close(o, expected["o_proj"], atol=1e-6, rtol=1e-4)
 
 
+def test_member_slots_serve_exactly_the_members_adapter_folders(vllm_lora_engine, tmp_path,
+                                                               default_model_dir):
+    """Members written straight into vLLM's LoRA slots answer token for token as the same
+    factors saved as PEFT folders and loaded by vLLM; new members in the same slots replace
+    the old ones (no prefix-cache block of the old weights is served)."""
+    targets = lora.find_targets(source_tensor_specs(default_model_dir), lora.TARGET_MODULES,
+                                (0, 1, 2, 3))
+    spec = lora_update_spec(targets, 4, dict.fromkeys(range(4), 1.0))
+
+    def folder(seed: int, scale: float) -> str:
+        factors = {t.name: lora.perturbation(seed, scale, t, 4, 1.0) for t in targets}
+        return str(lora.write_adapter(tmp_path / f"{seed}-{scale}", factors, rank=4, alpha=4.0,
+                                      base_model=str(default_model_dir), dtype=torch.bfloat16))
+
+    def tokens(outputs) -> list[tuple[int, ...]]:
+        return [c[0].token_ids for c in outputs]
+
+    served = {}
+    for seed in (21, 22):
+        vllm_lora_engine.set_lora_members([(0, seed, 0.05), (1, seed, -0.05)], spec)
+        served[seed] = tokens(vllm_lora_engine.generate(PROMPTS * 2, max_tokens=24,
+                                                        adapters=[0, 0, 1, 1]))
+        folders = [folder(seed, 0.05)] * 2 + [folder(seed, -0.05)] * 2
+        assert served[seed] == tokens(vllm_lora_engine.generate(PROMPTS * 2, max_tokens=24,
+                                                                adapters=folders))
+    plain = tokens(vllm_lora_engine.generate(PROMPTS, max_tokens=24))
+    assert served[21] != served[22]
+    assert served[21][:2] != served[21][2:]  # the antithetic partner is another model
+    assert plain not in (served[21][:2], served[21][2:])
+
+
 LEARNING_NOISE_STD = 0.02
 """With lora_noise_scaling layer: 0.02 * mean |W| (about 0.145) = 0.0029 a weight entry, close
 to full mode's 0.002; rank 4 and antithetic pairs."""

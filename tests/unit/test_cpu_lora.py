@@ -115,3 +115,50 @@ def test_bf16_lora_matches_fp32_math_within_bf16_rounding(tokens):
     ours = cpu_lora.lora_matmul(x.bfloat16(), a.bfloat16(), indices, dtype=torch.float32)
     exact = torch.einsum("ti,tri->tr", x.bfloat16().float(), a.bfloat16().float()[indices, 0])
     torch.testing.assert_close(ours, exact, rtol=2e-2, atol=2e-2)
+
+
+def test_blocked_tokens_give_what_the_gathered_path_gives(monkeypatch):
+    """Prefill-like indices (runs of one adapter, a cut run at each end) take the in-place
+    block path, with rank trimmed to the rows any slot uses; the result equals the gathered
+    path's, and weights written later are seen once weights_changed() is called."""
+    g = torch.Generator().manual_seed(3)
+    adapters, rank, width, slices = 6, 8, 32, (32, 16)
+    a = tuple(torch.zeros(adapters, 1, rank, width) for _ in slices)
+    b = tuple(torch.zeros(adapters, 1, size, rank) for size in slices)
+    for w in a:
+        w[:, :, :3] = torch.randn(adapters, 1, 3, width, generator=g)  # rank 3 in rank-8 slots
+    for w in b:
+        w[..., :3] = torch.randn(*w.shape[:-1], 3, generator=g)
+    indices = torch.tensor([5] * 100 + [0] * 300 + [1] * 300 + [2] * 300 + [4] * 40)
+    assert [(blk.rows, blk.adapters.tolist(), blk.first)
+            for blk in cpu_lora._blocks(indices)] == [(100, [5], 5), (300, [0, 1, 2], 0),
+                                                       (40, [4], 4)]
+    x = torch.randn(indices.numel(), width, generator=g)
+    y0 = torch.randn(indices.numel(), sum(slices), generator=g)
+    wrapper = type("Wrapper", (), {"token_lora_indices": indices})()
+
+    def run(max_blocks: int) -> torch.Tensor:
+        monkeypatch.setattr(cpu_lora, "MAX_BLOCKS", max_blocks)
+        cpu_lora._last_plan = None
+        y = y0.clone()
+        cpu_lora.add_lora_linear(wrapper, y, x, a, b, 0.5, slices)
+        return y
+
+    blocked = run(8)
+    assert cpu_lora._plan(indices).blocks is not None
+    torch.testing.assert_close(blocked, run(0))
+    terms = [torch.einsum("ti,tri,tor->to", x, a_s[indices, 0], b_s[indices, 0])
+             for a_s, b_s in zip(a, b, strict=True)]
+    expected = y0 + 0.5 * torch.cat(terms, 1)
+    torch.testing.assert_close(blocked, expected, rtol=1e-4, atol=1e-4)
+    a[0][0, 0, 7] = 1.0  # a slot written in place, now of rank 8
+    cpu_lora.weights_changed()
+    assert cpu_lora._fused_weights(a, b)[0] == 8
+
+
+def test_member_slots_are_sorted_over_the_slots_they_hold():
+    from engine.backends.vllm.lora_engine import MEMBER_ID_BASE, _sort_member_slots
+
+    ids = [MEMBER_ID_BASE + 3, None, 7, MEMBER_ID_BASE + 1, MEMBER_ID_BASE + 2]
+    _sort_member_slots(ids)
+    assert ids == [MEMBER_ID_BASE + 1, None, 7, MEMBER_ID_BASE + 2, MEMBER_ID_BASE + 3]

@@ -16,11 +16,13 @@ import gc
 import hashlib
 import math
 import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 from engine.backends.base import Completion, Messages
-from engine.backends.vllm.lora_engine import lora_requests
+from engine.backends.vllm.lora_engine import lora_requests, tmpfs_dir, write_placeholder
 from engine.noise import MIN_TABLE_LEN, NOISE_TABLE_SEED
 
 EXTENSION = "engine.backends.vllm.worker_extension.PerturbationWorkerExtension"
@@ -69,6 +71,8 @@ class VLLMEngine:
         124 tokens/s measured), so an unset VLLM_CPU_OMP_THREADS_BIND becomes "nobind"
         (126 tokens/s); the pool sets an explicit core set per engine instead.
         """
+        self._member_folder: str | None = None  # the member slots' placeholder adapter
+        self._member_placeholder: str | None = None
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
@@ -136,7 +140,8 @@ class VLLMEngine:
             return []
         params = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
         requests = [{"prompt_token_ids": self.prompt_token_ids(m)} for m in prompts]
-        extra = {} if adapters is None else {"lora_request": lora_requests(self, adapters)}
+        extra = {} if adapters is None else {
+            "lora_request": lora_requests(self, adapters, self._member_placeholder)}
         outputs = self.llm.generate(requests, params, use_tqdm=False, **extra)
         return [
             [
@@ -213,6 +218,27 @@ class VLLMEngine:
                   [float(c) for c in coefficients])
         self.llm.reset_prefix_cache()
 
+    def set_lora_members(self, members: Sequence[tuple[int, int, float]],
+                         spec: dict[str, Any]) -> None:
+        """Put population members (slot, seed, scale) into this engine's LoRA slots; then
+        `generate(adapters=[slot, ...])` serves them (lora_engine.py). The first call, and
+        any after another adapter took a member's slot, registers the slots with a warm-up
+        call of one token per slot."""
+        if self._member_placeholder is None:
+            self._member_folder = tempfile.mkdtemp(prefix="eslab-slots-", dir=tmpfs_dir())
+            self._member_placeholder = write_placeholder(self._member_folder, spec, self.model)
+        members = [(int(slot), int(seed), float(scale)) for slot, seed, scale in members]
+        missing = self._rpc("es_lora_members", members, spec)[0]
+        if missing:  # one batch of all members: registering one must not evict another
+            slots = [slot for slot, _, _ in members]
+            self.generate([[{"role": "user", "content": "."}]] * len(slots), max_tokens=1,
+                          adapters=slots)
+            missing = self._rpc("es_lora_members", members, spec)[0]
+            if missing:
+                raise RuntimeError(f"LoRA member slots {missing} could not be registered "
+                                   "(is max_loras below the population size?)")
+        self.llm.reset_prefix_cache()  # cached blocks are keyed by adapter id, not weights
+
     def checksum(self) -> str:
         """The workers' digests, combined (one worker: its digest)."""
         digests = self._rpc("es_checksum")
@@ -244,6 +270,8 @@ class VLLMEngine:
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
         self.llm = None
+        if self._member_folder is not None:
+            shutil.rmtree(self._member_folder, ignore_errors=True)
         gc.collect()
 
     def _rpc(self, method: str, *args: Any) -> list[Any]:
