@@ -130,9 +130,10 @@ def test_blocked_tokens_give_what_the_gathered_path_gives(monkeypatch):
     for w in b:
         w[..., :3] = torch.randn(*w.shape[:-1], 3, generator=g)
     indices = torch.tensor([5] * 100 + [0] * 300 + [1] * 300 + [2] * 300 + [4] * 40)
-    assert [(blk.rows, blk.adapters.tolist(), blk.first)
-            for blk in cpu_lora._blocks(indices)] == [(100, [5], 5), (300, [0, 1, 2], 0),
-                                                       (40, [4], 4)]
+    blocks, rest = cpu_lora._blocks(indices)
+    assert [(blk.rows, blk.adapters.tolist(), blk.first) for blk in blocks] == [
+        (100, [5], 5), (300, [0, 1, 2], 0), (40, [4], 4)]
+    assert (rest == -1).all()
     x = torch.randn(indices.numel(), width, generator=g)
     y0 = torch.randn(indices.numel(), sum(slices), generator=g)
     wrapper = type("Wrapper", (), {"token_lora_indices": indices})()
@@ -144,9 +145,10 @@ def test_blocked_tokens_give_what_the_gathered_path_gives(monkeypatch):
         cpu_lora.add_lora_linear(wrapper, y, x, a, b, 0.5, slices)
         return y
 
-    blocked = run(8)
-    assert cpu_lora._plan(indices).blocks is not None
+    blocked = run(16)
+    assert len(cpu_lora._plan(indices).blocks) == 3
     torch.testing.assert_close(blocked, run(0))
+    torch.testing.assert_close(blocked, run(2))  # two blocks, the last run gathered
     terms = [torch.einsum("ti,tri,tor->to", x, a_s[indices, 0], b_s[indices, 0])
              for a_s, b_s in zip(a, b, strict=True)]
     expected = y0 + 0.5 * torch.cat(terms, 1)
@@ -154,6 +156,19 @@ def test_blocked_tokens_give_what_the_gathered_path_gives(monkeypatch):
     a[0][0, 0, 7] = 1.0  # a slot written in place, now of rank 8
     cpu_lora.weights_changed()
     assert cpu_lora._fused_weights(a, b)[0] == 8
+
+
+def test_short_runs_are_gathered_unless_one_block_holds_every_token():
+    decode = torch.arange(8).repeat_interleave(4)  # 8 members x 4 sequences, one token each
+    blocks, rest = cpu_lora._blocks(decode)
+    assert [(b.rows, b.first) for b in blocks] == [(4, 0)] and (rest == -1).all()
+    finished = torch.cat([decode[:13], decode[14:]])  # a sequence finished: runs of 4 and 3
+    blocks, rest = cpu_lora._blocks(finished)
+    assert blocks == () and torch.equal(rest, finished)
+    mixed = torch.cat([torch.tensor([3, 1, -1]), torch.full((40,), 2)])  # decode + prefill
+    blocks, rest = cpu_lora._blocks(mixed)
+    assert [(b.start, b.rows) for b in blocks] == [(3, 40)]
+    assert rest.tolist() == [3, 1, -1] + [-1] * 40
 
 
 def test_member_slots_are_sorted_over_the_slots_they_hold():

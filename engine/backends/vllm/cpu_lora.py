@@ -19,7 +19,7 @@ imported, like cpu_weights; on GPUs vLLM uses its own kernels and nothing change
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -37,7 +37,8 @@ class _Plan:
     adapters: torch.Tensor  # [G]
     rows: int
     first_slots: bool  # the adapters are slots 0..G-1: their weights are a view, not a copy
-    blocks: tuple[_Block, ...] | None  # the tokens with an adapter as blocks, if few enough
+    blocks: tuple[_Block, ...] = ()  # add_lora_linear: tokens read and written in place
+    rest: _Plan | None = None  # add_lora_linear: the plan of the tokens outside the blocks
 
 
 @dataclass(frozen=True)
@@ -61,15 +62,14 @@ class _Block:
         return weights.index_select(0, self.adapters)
 
 
-MAX_BLOCKS = 8
-"""More blocks than this (tokens of an adapter scattered over the batch) take the gathered
-path: a block costs a few small ops per layer slice."""
+MAX_BLOCKS = 16
+"""Blocks a step's tokens may form; the runs beyond are gathered."""
 
-MIN_BLOCK_TOKENS = 256
-"""Several blocks of fewer tokens than this on average also take the gathered path: a decode
-step whose sequences started to finish (126 tokens in 5 blocks: 1.28 against 0.65 ms for
-q/k/v gathered, measured), while prefill chunks (thousands of tokens in 2 or 3 blocks) stay
-in blocks."""
+MIN_RUN_TOKENS = 32
+"""Runs of one adapter shorter than this are gathered (unless one block holds every token,
+a decode step before sequences finish): a block costs a few small ops per layer slice, a
+gathered token about 4 us per layer (measured; 126 decode tokens in 5 blocks took 1.28 ms
+for q/k/v against 0.65 ms gathered)."""
 
 
 _last_plan: tuple[tuple[torch.Tensor, ...], _Plan | None] | None = None
@@ -85,55 +85,68 @@ def _plan(*key: torch.Tensor) -> _Plan | None:
                                                                        strict=True)):
         return _last_plan[1]
     indices = key[0] if len(key) == 1 else torch.repeat_interleave(key[0], key[1])
-    tokens = torch.nonzero(indices >= 0).flatten()
-    plan = None
-    if tokens.numel():
-        order = tokens[torch.argsort(indices[tokens], stable=True)]
-        adapters, counts = torch.unique_consecutive(indices[order], return_counts=True)
-        group = torch.repeat_interleave(torch.arange(adapters.numel()), counts)
-        starts = torch.cumsum(counts, 0) - counts
-        rows = int(counts.max())
-        slots = group * rows + torch.arange(order.numel()) - starts[group]
-        targets = torch.zeros(adapters.numel() * rows, dtype=torch.long)
-        targets[slots] = order
-        sources = None
-        if order.numel() == indices.numel():
-            sources = torch.empty_like(slots)
-            sources[order] = slots
-        plan = _Plan(order, slots, targets, sources, adapters, rows,
-                     first_slots=int(adapters[-1]) == adapters.numel() - 1,
-                     blocks=_blocks(indices))
+    plan = _gathered(indices)
+    if plan is not None:
+        blocks, rest = _blocks(indices)
+        plan = replace(plan, blocks=blocks, rest=_gathered(rest) if blocks else plan)
     _last_plan = (tuple(k.clone() for k in key), plan)
     return plan
 
 
-def _blocks(indices: torch.Tensor) -> tuple[_Block, ...] | None:
-    """The runs of equal adapter index, grouped into blocks of adjacent runs of equal length
-    (tokens without an adapter end a block); None if that takes more than MAX_BLOCKS. A
-    population's prompts arrive member by member, so a prefill chunk is a few blocks (a cut
-    member at each end) and a decode step one block until sequences start to finish."""
+def _gathered(indices: torch.Tensor) -> _Plan | None:
+    """The plan that gathers every token with an adapter (None: no such token)."""
+    tokens = torch.nonzero(indices >= 0).flatten()
+    if not tokens.numel():
+        return None
+    order = tokens[torch.argsort(indices[tokens], stable=True)]
+    adapters, counts = torch.unique_consecutive(indices[order], return_counts=True)
+    group = torch.repeat_interleave(torch.arange(adapters.numel()), counts)
+    starts = torch.cumsum(counts, 0) - counts
+    rows = int(counts.max())
+    slots = group * rows + torch.arange(order.numel()) - starts[group]
+    targets = torch.zeros(adapters.numel() * rows, dtype=torch.long)
+    targets[slots] = order
+    sources = None
+    if order.numel() == indices.numel():
+        sources = torch.empty_like(slots)
+        sources[order] = slots
+    return _Plan(order, slots, targets, sources, adapters, rows,
+                 first_slots=int(adapters[-1]) == adapters.numel() - 1)
+
+
+def _blocks(indices: torch.Tensor) -> tuple[tuple[_Block, ...], torch.Tensor]:
+    """Blocks of adjacent runs of equal length of one adapter each, and the indices of the
+    tokens left to gather (-1 where a block has them). Runs shorter than MIN_RUN_TOKENS are
+    left, unless one block holds every token. A population's prompts arrive member by
+    member, so a prefill chunk is a few blocks (a cut member at each end) and a decode step
+    one block until sequences start to finish."""
     change = torch.ones(indices.numel(), dtype=torch.bool)
     change[1:] = indices[1:] != indices[:-1]
     starts = torch.nonzero(change).flatten().tolist()
     bounds = [*starts, indices.numel()]
-    values = indices[starts].tolist()
-    blocks: list[list[int]] = []  # [start, rows, adapter, adapter, ...]
-    for i, adapter in enumerate(values):
-        start, rows = bounds[i], bounds[i + 1] - bounds[i]
-        if adapter < 0:
-            continue
-        last = blocks[-1] if blocks else None
+    runs = [(bounds[i], bounds[i + 1] - bounds[i], adapter)
+            for i, adapter in enumerate(indices[starts].tolist()) if adapter >= 0]
+    grouped = _group_runs(runs)
+    if len(grouped) > 1:  # else one block holds every token with an adapter
+        grouped = _group_runs([run for run in runs if run[1] >= MIN_RUN_TOKENS])[:MAX_BLOCKS]
+    blocks = tuple(_Block(g[0], g[1], torch.tensor(g[2:]), _first_of_range(g[2:]))
+                   for g in grouped)
+    rest = indices.clone()
+    for block in blocks:
+        rest[block.tokens] = -1
+    return blocks, rest
+
+
+def _group_runs(runs: list[tuple[int, int, int]]) -> list[list[int]]:
+    """Adjacent runs (start, rows, adapter) of equal rows as [start, rows, adapter, ...]."""
+    groups: list[list[int]] = []
+    for start, rows, adapter in runs:
+        last = groups[-1] if groups else None
         if last is not None and last[1] == rows and last[0] + rows * (len(last) - 2) == start:
             last.append(adapter)
-        elif len(blocks) == MAX_BLOCKS:
-            return None
         else:
-            blocks.append([start, rows, adapter])
-    tokens = sum(b[1] * (len(b) - 2) for b in blocks)
-    if len(blocks) > 1 and tokens < MIN_BLOCK_TOKENS * len(blocks):
-        return None
-    return tuple(_Block(b[0], b[1], torch.tensor(b[2:]), _first_of_range(b[2:]))
-                 for b in blocks)
+            groups.append([start, rows, adapter])
+    return groups
 
 
 def _first_of_range(adapters: list[int]) -> int | None:
@@ -310,20 +323,19 @@ def add_lora_linear(self: Any, y: torch.Tensor, x: torch.Tensor,
         return
     rank, a_t, b_t = _fused_weights(lora_a_stacked, lora_b_stacked)
     flat = y.view(-1, y.shape[-1])
-    if plan.blocks is None:
-        groups = plan.adapters.numel()
-        padded = _padded(x, plan)
-        shrunk = torch.bmm(padded, _selected(a_t, plan).to(x.dtype)) * scale
-        out = torch.zeros(groups, plan.rows, flat.shape[1], dtype=y.dtype)
-        _expand_slices(out, shrunk, [_selected(b, plan) for b in b_t], rank, output_slices)
-        _add_rows(flat, out.view(groups * plan.rows, -1), plan)
-        return
     for block in plan.blocks:
         groups = block.adapters.numel()
         inputs = x.view(-1, x.shape[-1])[block.tokens].view(groups, block.rows, -1)
         shrunk = torch.bmm(inputs, block.take(a_t).to(x.dtype)) * scale
         out = flat[block.tokens].view(groups, block.rows, -1)
         _expand_slices(out, shrunk, [block.take(b) for b in b_t], rank, output_slices)
+    rest = plan.rest
+    if rest is not None:
+        groups = rest.adapters.numel()
+        shrunk = torch.bmm(_padded(x, rest), _selected(a_t, rest).to(x.dtype)) * scale
+        out = torch.zeros(groups, rest.rows, flat.shape[1], dtype=y.dtype)
+        _expand_slices(out, shrunk, [_selected(b, rest) for b in b_t], rank, output_slices)
+        _add_rows(flat, out.view(groups * rest.rows, -1), rest)
 
 
 def _expand_slices(out: torch.Tensor, shrunk: torch.Tensor, b_t: list[torch.Tensor],

@@ -27,7 +27,9 @@ backend may store the weight packed, see cpu_weights), then cast to the serving 
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -128,13 +130,19 @@ def write_member_slots(worker: Any, model: torch.nn.Module, spec: Mapping[str, A
     layers = _slot_layers(model, manager.modules, [t.name for t in targets])
     untouched = [m for m in manager.modules.values()
                  if hasattr(m, "reset_lora") and all(m is not layer for layer, _ in layers)]
-    with torch.inference_mode():
-        for slot, seed, scale in members:
-            factors = {t.name: perturbation(int(seed), float(scale), t, rank, scales[t.layer])
-                       for t in targets}
-            if trained:
-                factors = {n: (torch.cat([trained[n][0], a]), torch.cat([trained[n][1], b], 1))
-                           for n, (a, b) in factors.items()}
+
+    def draw(member: Sequence[Any]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        factors = {t.name: perturbation(int(member[1]), float(member[2]), t, rank,
+                                        scales[t.layer]) for t in targets}
+        if trained:
+            factors = {n: (torch.cat([trained[n][0], a]), torch.cat([trained[n][1], b], 1))
+                       for n, (a, b) in factors.items()}
+        return factors
+
+    # Drawing releases the GIL: the next members are drawn on the other cores while this
+    # thread writes (the CPU engine computes on one thread; its other cores idle here).
+    with torch.inference_mode(), ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1)) as pool:
+        for (slot, _, _), factors in zip(members, pool.map(draw, members), strict=True):
             index = active.index(member_id(slot))
             for module in untouched:  # a slot may hold an earlier run's other targets
                 module.reset_lora(index)
