@@ -131,8 +131,9 @@ def main() -> None:
     first = config(args, "full", args.populations[0])
     pool = start(first, None)  # plain engine: full mode and the baseline
     try:
-        for population in args.populations:
+        for population in args.populations:  # on the input model, before any ES step
             bases[population] = baseline(pool, args, population)
+        for population in args.populations:
             if "full" in args.modes:
                 rows["full", population] = measure(pool, config(args, "full", population), "full",
                                                  args)

@@ -109,8 +109,9 @@ def write_member_slots(worker: Any, model: torch.nn.Module, spec: Mapping[str, A
                        members: Sequence[Sequence[Any]]) -> list[int]:
     """Write members (slot, seed, scale) into their adapter slots, in the worker: each
     member's factors (engine.lora.perturbation, plus the trained adapter's in front of them
-    when `spec["trained"]` names its file) go to the LoRA layers through `set_lora`, which
-    zero-pads the rank and slices for tensor parallelism as it does for vLLM's own loads.
+    when `spec["trained"]` names its file) go to the LoRA layers in set_lora's layout, the
+    rank zero-padded, in one indexed write per slice (_write_slices); tensor-parallel layers
+    go through `set_lora` itself, which shards them as it does for vLLM's own loads.
     Returns the slots whose request is not registered and active here (nothing is written
     then: the engine registers them and calls again)."""
     import torch
@@ -139,22 +140,47 @@ def write_member_slots(worker: Any, model: torch.nn.Module, spec: Mapping[str, A
                        for n, (a, b) in factors.items()}
         return factors
 
-    # Drawing releases the GIL: the next members are drawn on the other cores while this
-    # thread writes (the CPU engine computes on one thread; its other cores idle here).
-    with torch.inference_mode(), ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1)) as pool:
-        for (slot, _, _), factors in zip(members, pool.map(draw, members), strict=True):
-            index = active.index(member_id(slot))
-            for module in untouched:  # a slot may hold an earlier run's other targets
+    # Drawing releases the GIL: members are drawn on all cores but the engine's busy one.
+    with ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1)) as pool:
+        drawn = list(pool.map(draw, members))
+    slots = [active.index(member_id(m[0])) for m in members]
+    with torch.inference_mode():
+        for module in untouched:  # a slot may hold an earlier run's other targets
+            for index in slots:
                 module.reset_lora(index)
-            for layer, parts in layers:
+        for layer, parts in layers:
+            if getattr(layer, "tp_size", 1) == 1:
+                _write_slices(layer, parts, drawn, slots)
+                continue
+            for index, factors in zip(slots, drawn, strict=True):  # set_lora shards them
                 a = [factors[n][0] if n in factors else None for n in parts]
                 b = [factors[n][1] if n in factors else None for n in parts]
-                if len(parts) == 1:
-                    layer.set_lora(index, a[0], b[0])
-                else:
-                    layer.set_lora(index, a, b)
+                layer.set_lora(index, *((a[0], b[0]) if len(parts) == 1 else (a, b)))
     cpu_lora.weights_changed()
     return []
+
+
+def _write_slices(layer: Any, parts: Sequence[str],
+                  drawn: Sequence[Mapping[str, tuple[torch.Tensor, torch.Tensor]]],
+                  slots: Sequence[int]) -> None:
+    """All members' factors into one unsharded LoRA layer: per slice, the slots zeroed and
+    the stacked factors copied in with one indexed write (the layout set_lora writes:
+    A [slot, 0, :r, :in], B [slot, 0, :out, :r]). Per member and layer, set_lora's copies
+    took 1.1 s for 32 members of the 135M model on an H100, a third of the step."""
+    import torch
+
+    device = layer.lora_a_stacked[0].device
+    index = torch.tensor(list(slots), device=device)
+    for s, name in enumerate(parts):
+        a_buf, b_buf = layer.lora_a_stacked[s], layer.lora_b_stacked[s]
+        a_buf.index_fill_(0, index, 0)
+        b_buf.index_fill_(0, index, 0)
+        if name not in drawn[0]:
+            continue
+        a = torch.stack([factors[name][0] for factors in drawn]).to(a_buf)  # [M, r, in]
+        b = torch.stack([factors[name][1] for factors in drawn]).to(b_buf)  # [M, out, r]
+        a_buf[index, 0, :a.shape[1], :a.shape[2]] = a
+        b_buf[index, 0, :b.shape[1], :b.shape[2]] = b
 
 
 def _sort_member_slots(ids: list[int | None]) -> None:
