@@ -232,7 +232,9 @@ def lora_update_spec(targets: Sequence[LoraTarget], rank: int,
 
 def apply_lora_update(worker: Any, model: torch.nn.Module, spec: Mapping[str, Any],
                       seeds: Sequence[int], coefficients: Sequence[float]) -> None:
-    """master += dense low-rank update, then serving := cast(master) (inside the worker)."""
+    """master += dense low-rank update, then serving := cast(master) (inside the worker).
+    Each parameter (a fused one holds several targets) is its own job on a thread per core:
+    drawing the factors and the matmuls release the GIL."""
     import torch
 
     from engine.lora import dense_update
@@ -241,24 +243,26 @@ def apply_lora_update(worker: Any, model: torch.nn.Module, spec: Mapping[str, An
         raise NotImplementedError("lora_update merge needs tensor_parallel_size 1")
     rank, scales = int(spec["rank"]), {int(k): v for k, v in spec["scales"].items()}
     index = {name: i for i, name in enumerate(worker._es_names)}
-    deltas: dict[int, torch.Tensor] = {}  # parameter index -> logical fp32 delta
+    jobs: dict[int, list[tuple[LoraTarget, int]]] = {}  # parameter index -> (target, row)
     for raw in spec["targets"]:
         target = LoraTarget(raw[0], int(raw[1]), raw[2], int(raw[3]), int(raw[4]))
         param, start = _locate(model, target.name)
-        i = index[param]
-        device = worker._es_master[i].device
-        if i not in deltas:
-            layout = worker._es_layouts[i]
-            shape = (layout[1], layout[2]) if layout else tuple(worker._es_master[i].shape)
-            deltas[i] = torch.zeros(shape, dtype=torch.float32, device=device)
-        deltas[i][start:start + target.out_features] += dense_update(
-            seeds, coefficients, target, rank, scales[target.layer], device)
-    with torch.inference_mode():
-        for i, delta in deltas.items():
-            master = worker._es_master[i]
-            master.add_(cpu_weights.to_live(delta, worker._es_layouts[i]))
+        jobs.setdefault(index[param], []).append((target, start))
+
+    def update(i: int) -> None:
+        master, layout = worker._es_master[i], worker._es_layouts[i]
+        shape = (layout[1], layout[2]) if layout else tuple(master.shape)
+        delta = torch.zeros(shape, dtype=torch.float32, device=master.device)  # logical
+        for target, start in jobs[i]:
+            delta[start:start + target.out_features] += dense_update(
+                seeds, coefficients, target, rank, scales[target.layer], master.device)
+        with torch.inference_mode():
+            master.add_(cpu_weights.to_live(delta, layout))
             worker._es_live[i].copy_(master)
             worker._es_snapshot[i].copy_(worker._es_live[i])
+
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        list(pool.map(update, jobs))
 
 
 def _locate(model: torch.nn.Module, name: str) -> tuple[str, int]:
