@@ -140,7 +140,7 @@ def write_member_slots(worker: Any, model: torch.nn.Module, spec: Mapping[str, A
                        for n, (a, b) in factors.items()}
         return factors
 
-    # Drawing releases the GIL: members are drawn on all cores but the engine's busy one.
+    # Drawing releases the GIL: members are drawn on a thread per core (but one).
     with ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1)) as pool:
         drawn = list(pool.map(draw, members))
     slots = [active.index(member_id(m[0])) for m in members]
