@@ -22,7 +22,7 @@ which is either merged into the base weights (`merge`, by the engine from seeds 
 coefficients, never shipped as matrices) or folded into one trained adapter of rank r
 (`adapter`): the trained delta plus the update, truncated to rank r by an exact SVD of the
 low-rank factors (`TrainedAdapter.add`). A and B are regenerated from the seed whenever they
-are needed and never kept; the only copies are the adapter files that vLLM reads (tmpfs).
+are needed and never kept; the only copies are in the serving engine's LoRA slots.
 """
 
 from __future__ import annotations
