@@ -148,6 +148,25 @@ def perturbation(seed: int, scale: float, target: LoraTarget, rank: int,
     return a, b * (scale * layer_scale / math.sqrt(rank))
 
 
+def member_adapter(seed: int, scale: float, targets: Sequence[LoraTarget], rank: int,
+                   scales: Mapping[int, float],
+                   trained: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+                   ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Member `seed`'s factors on every target; with `trained` (adapter mode: the trained
+    adapter's factors by target name) those go in front, so the member serves the trained
+    delta plus its perturbation as one rank-2r adapter."""
+    import torch
+
+    out = {}
+    for t in targets:
+        a, b = perturbation(seed, scale, t, rank, scales[t.layer])
+        if trained is not None:
+            a0, b0 = trained[t.name]
+            a, b = torch.cat([a0, a]), torch.cat([b0, b], dim=1)
+        out[t.name] = (a, b)
+    return out
+
+
 def dense_update(seeds: Sequence[int], coefficients: Sequence[float], target: LoraTarget,
                  rank: int, layer_scale: float, device: str | torch.device = "cpu"
                  ) -> torch.Tensor:
@@ -251,14 +270,7 @@ class TrainedAdapter:
     def member_factors(self, seed: int, scale: float, scales: Mapping[int, float]
                        ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """The trained delta plus member `seed`'s perturbation, as rank-2r factors."""
-        import torch
-
-        out = {}
-        for t in self.targets:
-            a0, b0 = self.factors[t.name]
-            a, b = perturbation(seed, scale, t, self.rank, scales[t.layer])
-            out[t.name] = (torch.cat([a0, a]), torch.cat([b0, b], dim=1))
-        return out
+        return member_adapter(seed, scale, self.targets, self.rank, scales, self.factors)
 
     def delta(self, name: str) -> torch.Tensor:
         a, b = self.factors[name]

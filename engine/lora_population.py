@@ -39,6 +39,7 @@ ADAPTER_DIR = "adapter"
 FACTORS_FILE = "eslab_factors.safetensors"
 """The trained adapter's exact fp32 factors (delta = B A), next to the PEFT files."""
 
+
 def engine_args(config: RunConfig) -> dict[str, Any]:
     """Extra `LLM(...)` arguments of the engines of a lora run (multi-LoRA serving)."""
     from engine.backends.vllm.lora_engine import lora_llm_args

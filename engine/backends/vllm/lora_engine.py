@@ -117,7 +117,7 @@ def write_member_slots(worker: Any, model: torch.nn.Module, spec: Mapping[str, A
     then: the engine registers them and calls again)."""
     import torch
 
-    from engine.lora import perturbation
+    from engine.lora import member_adapter
 
     manager = worker.model_runner.lora_manager._adapter_manager
     active = list(manager.lora_index_to_id)
@@ -126,20 +126,14 @@ def write_member_slots(worker: Any, model: torch.nn.Module, spec: Mapping[str, A
         return missing
     _sort_member_slots(active)
     manager.lora_index_to_id[:] = active
-    rank, scales = int(spec["rank"]), {int(k): v for k, v in spec["scales"].items()}
-    targets = [LoraTarget(r[0], int(r[1]), r[2], int(r[3]), int(r[4])) for r in spec["targets"]]
+    rank, scales, targets = _parse_spec(spec)
     trained = _trained_factors(spec.get("trained"))
     layers = _slot_layers(model, manager.modules, [t.name for t in targets])
     untouched = [m for m in manager.modules.values()
                  if hasattr(m, "reset_lora") and all(m is not layer for layer, _ in layers)]
 
     def draw(member: Sequence[Any]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        factors = {t.name: perturbation(int(member[1]), float(member[2]), t, rank,
-                                        scales[t.layer]) for t in targets}
-        if trained:
-            factors = {n: (torch.cat([trained[n][0], a]), torch.cat([trained[n][1], b], 1))
-                       for n, (a, b) in factors.items()}
-        return factors
+        return member_adapter(int(member[1]), float(member[2]), targets, rank, scales, trained)
 
     # Drawing releases the GIL: members are drawn on a thread per core (but one).
     with ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1)) as pool:
@@ -211,10 +205,16 @@ def _slot_layers(model: torch.nn.Module, modules: Mapping[str, Any],
     return list(layers.values())
 
 
-def _trained_factors(path: str | None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """The trained adapter's effective factors (engine.lora.TrainedAdapter.state), or none."""
+def _parse_spec(spec: Mapping[str, Any]) -> tuple[int, dict[int, float], list[LoraTarget]]:
+    """(rank, per-layer scales, targets) of a lora_update_spec."""
+    targets = [LoraTarget(r[0], int(r[1]), r[2], int(r[3]), int(r[4])) for r in spec["targets"]]
+    return int(spec["rank"]), {int(k): v for k, v in spec["scales"].items()}, targets
+
+
+def _trained_factors(path: str | None) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
+    """The trained adapter's effective factors (engine.lora.TrainedAdapter.state), or None."""
     if not path:
-        return {}
+        return None
     from safetensors.torch import load_file
 
     tensors = load_file(path)
@@ -242,11 +242,10 @@ def apply_lora_update(worker: Any, model: torch.nn.Module, spec: Mapping[str, An
 
     if worker._es_tp_size != 1:
         raise NotImplementedError("lora_update merge needs tensor_parallel_size 1")
-    rank, scales = int(spec["rank"]), {int(k): v for k, v in spec["scales"].items()}
+    rank, scales, targets = _parse_spec(spec)
     index = {name: i for i, name in enumerate(worker._es_names)}
     jobs: dict[int, list[tuple[LoraTarget, int]]] = {}  # parameter index -> (target, row)
-    for raw in spec["targets"]:
-        target = LoraTarget(raw[0], int(raw[1]), raw[2], int(raw[3]), int(raw[4]))
+    for target in targets:
         param, start = _locate(model, target.name)
         jobs.setdefault(index[param], []).append((target, start))
 
