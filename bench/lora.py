@@ -1,21 +1,28 @@
 """Full-rank against low-rank (LoRA) population members on the default model: members
 evaluated per second and time per ES iteration for each mode and population size, plus lora
-mode's efficiency against pure batched generation by the base model.
+mode's efficiency against pure batched generation by the base model of the same tokens.
 
     .venv/bin/python bench/lora.py [--populations 8 32 128] [--prompts 4] [--max-tokens 32]
                                    [--steps 1] [--warmup 1] [--rank 4] [--modes full lora]
                                    [--baseline-repeats 3]
 
 Each (mode, population) runs the real trainer for warmup + steps ES steps on the conciseness
-task and reports the mean of the measured steps (lora mode loads new adapters every step, so
-that cost is in every step, warm-up or not). full mode runs on a plain engine, one generate
-call per member; lora mode on a multi-LoRA engine (max_loras = the population), one generate
-call per step. The baseline is one batched generate call of every member's prompts by the
-plain engine's unperturbed model (population x prompts requests). Greedy members stop at
-different lengths than the base model, so efficiency compares throughput, which is the
-baseline's time for the very same tokens over the lora iteration time:
+task and reports the mean of the measured steps (lora mode writes new members into the
+adapter slots every step, so that cost is in every step, warm-up or not). full mode runs on a
+plain engine, one generate call per member; lora mode on a multi-LoRA engine (max_loras = the
+population), one generate call per step.
 
-    efficiency = (lora tokens / lora iteration seconds) / (baseline tokens / baseline seconds)
+The baseline of a measured lora step is one batched generate call by a plain engine's
+unperturbed model of the very tokens that step generated: the same prompts, and each request
+made to generate exactly as many tokens as its member did (ignore_eos, max_tokens = that
+count; perturbed members stop at other lengths than the base model would). It is the median
+of `--baseline-repeats` calls on the input model, and
+
+    efficiency = baseline seconds / lora iteration seconds    (mean over measured steps)
+
+A batched decode step costs about the same whether 128 or 100 sequences are still running, so
+comparing tokens per second instead (the base model's own, longer completions) understates
+lora mode: both figures are printed.
 """
 
 from __future__ import annotations
@@ -25,13 +32,14 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from engine import metrics as mk
 from engine.backends.pool import EnginePool
+from engine.backends.vllm.engine import VLLMEngine
 from engine.config import RunConfig
-from engine.data.datasets import load_dataset
 from engine.lora_population import engine_args
 from engine.paths import data_dir, default_model_dir
 from engine.sink import MemorySink
@@ -49,10 +57,19 @@ class Row:
     generation_s: float
     perturb_s: float
     update_s: float
+    step_times: list[float]
 
     @property
     def members_per_s(self) -> float:
         return self.population / self.step_s
+
+
+@dataclass
+class Generated:
+    """What one lora step generated: every request's prompt and its completion's length."""
+
+    prompts: list[Any]
+    lengths: list[int]
 
 
 def config(args: argparse.Namespace, mode: str, population: int) -> RunConfig:
@@ -73,42 +90,96 @@ def config(args: argparse.Namespace, mode: str, population: int) -> RunConfig:
     return RunConfig.from_flat(options)
 
 
-def start(cfg: RunConfig, max_loras: int | None) -> EnginePool:
+def start(cfg: RunConfig, max_loras: int | None) -> tuple[EnginePool, VLLMEngine]:
     m = cfg.model
     extra = engine_args(cfg.with_overrides([f"population_size={max_loras}"])) if max_loras else None
-    return EnginePool(str(default_model_dir()), max_model_len=m.max_model_len,
-                      max_num_seqs=m.max_num_seqs, gpu_memory_utilization=m.gpu_memory_utilization,
-                      seed=0, extra_llm_args=extra)
+    engine = VLLMEngine(str(default_model_dir()), max_model_len=m.max_model_len,
+                        max_num_seqs=m.max_num_seqs,
+                        gpu_memory_utilization=m.gpu_memory_utilization, seed=0,
+                        extra_llm_args=extra)
+    return EnginePool.wrap(engine), engine
 
 
-def measure(pool: EnginePool, cfg: RunConfig, mode: str, args: argparse.Namespace) -> Row:
+def measure(pool: EnginePool, cfg: RunConfig, mode: str, args: argparse.Namespace
+            ) -> tuple[Row, list[Generated]]:
+    """The mean of the measured steps, and (lora mode) what each measured step generated."""
+    generated: list[Generated] = []
+    generate = pool.generate
+
+    def recording(prompts: Any, *rest: Any, **options: Any) -> Any:
+        outputs = generate(prompts, *rest, **options)
+        if options.get("adapters") is not None:  # a lora step's members, n = 1
+            generated.append(Generated(list(prompts), [cs[0].num_tokens for cs in outputs]))
+        return outputs
+
+    pool.generate = recording  # type: ignore[method-assign]
     sink = MemorySink()
-    train(cfg, sink, pool=pool)
+    try:
+        train(cfg, sink, pool=pool)
+    finally:
+        del pool.generate  # the method again
     steps = [s.metrics for s in sink.steps[args.warmup:]]
 
     def mean(key: str) -> float:
         return float(np.mean([s.get(key, 0.0) for s in steps]))
 
-    return Row(mode, cfg.es.population_size, mean(mk.time_key("step")),
-               mean("train/num_tokens"), mean(mk.time_key("generation")),
-               mean(mk.time_key("perturb")), mean(mk.time_key("update")))
+    row = Row(mode, cfg.es.population_size, mean(mk.time_key("step")), mean("train/num_tokens"),
+              mean(mk.time_key("generation")), mean(mk.time_key("perturb")),
+              mean(mk.time_key("update")), [s[mk.time_key("step")] for s in steps])
+    return row, generated[args.warmup:]
 
 
-def baseline(pool: EnginePool, args: argparse.Namespace, population: int) -> tuple[float, int]:
-    """(seconds, tokens) of one batched generate call of every member's prompts by the base
-    model: the median of `--baseline-repeats` calls (one call varied from 3.0 to 5.1 s at
-    N=32 on this machine, which alone moved the efficiency from 0.39 to 0.51)."""
-    prompts = [e.prompt for e in load_dataset(TRAIN_FILE)][: args.prompts] * population
-    pool.generate(prompts[: args.prompts], max_tokens=4)  # warm-up
-    seconds, tokens = [], 0
-    for _ in range(args.baseline_repeats):
+def timed_generate(engine: VLLMEngine, prompts: list[Any], params: list[Any],
+                   repeats: int) -> tuple[float, list[int]]:
+    """(median seconds, completion lengths) of `repeats` batched calls, after a warm-up."""
+    requests = [{"prompt_token_ids": engine.prompt_token_ids(p)} for p in prompts]
+    engine.llm.generate(requests[:4], params[:4], use_tqdm=False)
+    seconds, lengths = [], []
+    for _ in range(repeats):
         start_s = time.perf_counter()
-        outputs = pool.generate(prompts, n=1, temperature=0.0, max_tokens=args.max_tokens)
+        outputs = engine.llm.generate(requests, params, use_tqdm=False)
         seconds.append(time.perf_counter() - start_s)
-        tokens = sum(c.num_tokens for cs in outputs for c in cs)
-    print(f"baseline N={population}: " + ", ".join(f"{s:.2f}" for s in seconds) + " s",
-          flush=True)
-    return float(np.median(seconds)), tokens
+        lengths = [len(o.outputs[0].token_ids) for o in outputs]
+    return float(np.median(seconds)), lengths
+
+
+def same_tokens_baseline(engine: VLLMEngine, step: Generated, repeats: int) -> float:
+    """Seconds the unperturbed model takes, batched, for the tokens of one lora step."""
+    from vllm import SamplingParams
+
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+              for n in step.lengths]
+    seconds, lengths = timed_generate(engine, step.prompts, params, repeats)
+    if lengths != step.lengths:
+        raise RuntimeError("the baseline generated other lengths than the lora step: "
+                           f"{sum(lengths)} against {sum(step.lengths)} tokens")
+    return seconds
+
+
+def own_tokens_baseline(engine: VLLMEngine, step: Generated, args: argparse.Namespace
+                        ) -> tuple[float, int]:
+    """(seconds, tokens) of the base model's own greedy completions of the same prompts."""
+    from vllm import SamplingParams
+
+    params = [SamplingParams(temperature=0.0, max_tokens=args.max_tokens)] * len(step.prompts)
+    seconds, lengths = timed_generate(engine, step.prompts, params, args.baseline_repeats)
+    return seconds, sum(lengths)
+
+
+@dataclass
+class Baseline:
+    """Per measured lora step: seconds for the same tokens, and the base model's own
+    completions of its prompts (seconds, tokens)."""
+
+    same_s: list[float]
+    own: list[tuple[float, int]]
+
+    def efficiency(self, row: Row) -> float:
+        return float(np.mean([b / s for b, s in zip(self.same_s, row.step_times, strict=True)]))
+
+    def throughput_ratio(self, row: Row) -> float:
+        own_rate = np.mean([tokens / s for s, tokens in self.own])
+        return float(row.tokens / row.step_s / own_rate)
 
 
 def main() -> None:
@@ -122,56 +193,65 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["full", "lora"], choices=["full", "lora"])
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.12)
     parser.add_argument("--baseline-repeats", type=int, default=3,
-                        help="batched base-model calls; the median is the baseline")
+                        help="batched base-model calls a baseline; the median counts")
     args = parser.parse_args()
     print("command: .venv/bin/python " + shlex.join(sys.argv), flush=True)
 
     rows: dict[tuple[str, int], Row] = {}
-    bases: dict[int, tuple[float, int]] = {}
+    generated: dict[int, list[Generated]] = {}
     first = config(args, "full", args.populations[0])
-    pool = start(first, None)  # plain engine: full mode and the baseline
+    if "lora" in args.modes:
+        pool, _ = start(first, max(args.populations))
+        try:
+            for population in args.populations:
+                row, generated[population] = measure(
+                    pool, config(args, "lora", population), "lora", args)
+                rows["lora", population] = row
+                print(row, flush=True)
+        finally:
+            pool.shutdown()
+    bases: dict[int, Baseline] = {}
+    pool, engine = start(first, None)  # plain engine: the baselines, then full mode
     try:
-        for population in args.populations:  # on the input model, before any ES step
-            bases[population] = baseline(pool, args, population)
+        for population, steps in generated.items():  # on the input model, before full mode
+            bases[population] = Baseline(
+                [same_tokens_baseline(engine, step, args.baseline_repeats) for step in steps],
+                [own_tokens_baseline(engine, step, args) for step in steps])
+            print(f"baseline N={population}: {bases[population]}", flush=True)
         for population in args.populations:
             if "full" in args.modes:
-                rows["full", population] = measure(pool, config(args, "full", population), "full",
-                                                 args)
+                rows["full", population], _ = measure(
+                    pool, config(args, "full", population), "full", args)
                 print(rows["full", population], flush=True)
     finally:
         pool.shutdown()
-    if "lora" in args.modes:
-        pool = start(first, max(args.populations))
-        try:
-            for population in args.populations:
-                rows["lora", population] = measure(pool, config(args, "lora", population), "lora",
-                                                 args)
-                print(rows["lora", population], flush=True)
-        finally:
-            pool.shutdown()
     report(args, rows, bases)
 
 
 def report(args: argparse.Namespace, rows: dict[tuple[str, int], Row],
-           bases: dict[int, tuple[float, int]]) -> None:
+           bases: dict[int, Baseline]) -> None:
     print(f"\nmodel {default_model_dir().name}, {args.prompts} prompts a member, "
           f"{args.max_tokens} tokens, rank {args.rank}, {args.steps} measured step(s)")
     print(f"{'mode':<6}{'N':>5}{'iter s':>9}{'members/s':>11}{'gen s':>8}{'perturb s':>11}"
-          f"{'update s':>10}{'tokens/s':>10}{'lora/full':>11}{'efficiency':>12}")
+          f"{'update s':>10}{'tokens/s':>10}{'lora/full':>11}{'efficiency':>12}"
+          f"{'tok/s ratio':>13}")
     for (mode, population), row in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        speedup = efficiency = ""
+        speedup = efficiency = ratio = ""
         full = rows.get(("full", population))
         if mode == "lora" and full is not None:
             speedup = f"{row.members_per_s / full.members_per_s:.2f}x"
         if mode == "lora" and population in bases:
-            base_s, base_tokens = bases[population]
-            efficiency = f"{(row.tokens / row.step_s) / (base_tokens / base_s):.2f}"
+            efficiency = f"{bases[population].efficiency(row):.2f}"
+            ratio = f"{bases[population].throughput_ratio(row):.2f}"
         print(f"{mode:<6}{population:>5}{row.step_s:>9.2f}{row.members_per_s:>11.2f}"
               f"{row.generation_s:>8.2f}{row.perturb_s:>11.2f}{row.update_s:>10.2f}"
-              f"{row.tokens / row.step_s:>10.1f}{speedup:>11}{efficiency:>12}")
-    for population, (seconds, tokens) in sorted(bases.items()):
-        print(f"base batched generation N={population}: {seconds:.2f} s, {tokens} tokens, "
-              f"{tokens / seconds:.1f} tokens/s")
+              f"{row.tokens / row.step_s:>10.1f}{speedup:>11}{efficiency:>12}{ratio:>13}")
+    for population, base in sorted(bases.items()):
+        same = ", ".join(f"{s:.2f}" for s in base.same_s)
+        own = ", ".join(f"{s:.2f} s for {t}" for s, t in base.own)
+        print(f"base model N={population}: same tokens {same} s; own completions {own} tokens")
+    print("efficiency: base model's batched generation of the same tokens / lora iteration; "
+          "tok/s ratio: lora tokens/s / base model's tokens/s on its own completions")
     print("targets: lora >= 2x the members/s of full at N=32; efficiency >= 0.5")
 
 
