@@ -21,8 +21,9 @@ eps_i = sign_i * m_l * E_i: with coefficients c_i from engine.es.update_coeffici
 which is either merged into the base weights (`merge`, by the engine from seeds and
 coefficients, never shipped as matrices) or folded into one trained adapter of rank r
 (`adapter`): the trained delta plus the update, truncated to rank r by an exact SVD of the
-low-rank factors (`TrainedAdapter.add`). A and B are regenerated from the seed whenever they
-are needed and never kept; the only copies are in the serving engine's LoRA slots.
+low-rank factors (`TrainedAdapter.add`). A and B are regenerated from the seed and never
+saved: the serving engine holds a step's factors in its LoRA slots, and (its worker) in
+memory for that step's update (engine/backends/vllm/lora_engine.SeedFactors).
 """
 
 from __future__ import annotations
@@ -140,50 +141,80 @@ def member_factors(seed: int, target: LoraTarget, rank: int) -> tuple[torch.Tens
     return a, b
 
 
+def unit_factors(seed: int, target: LoraTarget, rank: int, layer_scale: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Factors (A, B') with B' A = m_l * B A / sqrt(r): member `seed`'s delta on `target` at
+    scale 1. The members of a seed (an antithetic pair) serve (A, scale * B')."""
+    a, b = member_factors(seed, target, rank)
+    return a, b * (layer_scale / math.sqrt(rank))
+
+
 def perturbation(seed: int, scale: float, target: LoraTarget, rank: int,
                  layer_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Factors (A, B') with B' A = scale * m_l * B A / sqrt(r): the member's delta on
     `target` (scale = sign * sigma); the sign and all scalars go on B."""
-    a, b = member_factors(seed, target, rank)
-    return a, b * (scale * layer_scale / math.sqrt(rank))
+    a, b = unit_factors(seed, target, rank, layer_scale)
+    return a, b * scale
 
 
-def member_adapter(seed: int, scale: float, targets: Sequence[LoraTarget], rank: int,
-                   scales: Mapping[int, float],
-                   trained: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None
-                   ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Member `seed`'s factors on every target; with `trained` (adapter mode: the trained
-    adapter's factors by target name) those go in front, so the member serves the trained
-    delta plus its perturbation as one rank-2r adapter."""
+Factors = dict[str, tuple["torch.Tensor", "torch.Tensor"]]
+"""(A, B) by target name."""
+
+
+def seed_factors(seed: int, targets: Sequence[LoraTarget], rank: int,
+                 scales: Mapping[int, float]) -> Factors:
+    """unit_factors of seed `seed` on every target."""
+    return {t.name: unit_factors(seed, t, rank, scales[t.layer]) for t in targets}
+
+
+def member_stack(units: Sequence[tuple[torch.Tensor, torch.Tensor]], scales: Sequence[float],
+                 trained: tuple[torch.Tensor, torch.Tensor] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Members' factors on one target, stacked ([M, r, in], [M, out, r]): member m serves its
+    seed's unit factors (seed_factors) with B times its scale (sign * sigma); with `trained`
+    (adapter mode: the trained adapter's factors) those go in front, so each member serves
+    the trained delta plus its perturbation as one rank-2r adapter."""
     import torch
 
-    out = {}
-    for t in targets:
-        a, b = perturbation(seed, scale, t, rank, scales[t.layer])
-        if trained is not None:
-            a0, b0 = trained[t.name]
-            a, b = torch.cat([a0, a]), torch.cat([b0, b], dim=1)
-        out[t.name] = (a, b)
-    return out
+    a = torch.stack([u[0] for u in units])
+    b = torch.stack([u[1] for u in units])
+    b = b * torch.tensor(scales, dtype=torch.float32)[:, None, None]
+    if trained is not None:
+        a0, b0 = trained
+        a = torch.cat([a0.expand(len(units), -1, -1), a], dim=1)
+        b = torch.cat([b0.expand(len(units), -1, -1), b], dim=2)
+    return a, b
+
+
+def low_rank_sum(factors: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                 coefficients: Sequence[float], device: str | torch.device = "cpu"
+                 ) -> torch.Tensor:
+    """sum_i c_i B_i A_i as a dense fp32 [out, in] matrix, one matmul on `device` (on a GPU,
+    a 1B model's 32 members are ~256 GFLOP: seconds on the CPU)."""
+    import torch
+
+    if len(factors) != len(coefficients) or not factors:
+        raise ValueError(f"{len(factors)} factor pairs and {len(coefficients)} coefficients")
+    rank = factors[0][0].shape[0]
+    a = torch.cat([f[0] for f in factors]).to(device)  # [N*r, in]
+    weights = torch.tensor(coefficients, dtype=torch.float32).repeat_interleave(rank)  # [N*r]
+    b = (torch.cat([f[1] for f in factors], dim=1) * weights).to(device)  # [out, N*r]
+    return b @ a
 
 
 def dense_update(seeds: Sequence[int], coefficients: Sequence[float], target: LoraTarget,
                  rank: int, layer_scale: float, device: str | torch.device = "cpu"
                  ) -> torch.Tensor:
-    """m_l / sqrt(r) * sum_i c_i B_i A_i as a dense fp32 [out, in] matrix (one matmul) on
-    `device`: the factors always come from the CPU generator, the product is made where the
-    weights live (on a GPU, a 1B model's 32 members are ~256 GFLOP: seconds on the CPU)."""
+    """m_l / sqrt(r) * sum_i c_i B_i A_i as a dense fp32 [out, in] matrix on `device`; the
+    factors always come from the CPU generator."""
     import torch
 
     if len(seeds) != len(coefficients):
         raise ValueError(f"{len(seeds)} seeds but {len(coefficients)} coefficients")
     if not seeds:
         return torch.zeros(target.out_features, target.in_features, device=device)
-    factors = [member_factors(int(s), target, rank) for s in seeds]
-    a = torch.cat([f[0] for f in factors]).to(device)  # [N*r, in]
-    weights = torch.tensor(coefficients, dtype=torch.float32).repeat_interleave(rank)  # [N*r]
-    b = (torch.cat([f[1] for f in factors], dim=1) * weights).to(device)  # [out, N*r]
-    return (b @ a) * (layer_scale / math.sqrt(rank))
+    return low_rank_sum([unit_factors(int(s), target, rank, layer_scale) for s in seeds],
+                        coefficients, device)
 
 
 # ---------------------------------------------------------------------------- adapters on disk
@@ -266,11 +297,6 @@ class TrainedAdapter:
             root = s[: self.rank].sqrt()
             self.factors[t.name] = ((root[:, None] * vh[: self.rank]) @ q_a.T,
                                     (q_b @ u[:, : self.rank]) * root)
-
-    def member_factors(self, seed: int, scale: float, scales: Mapping[int, float]
-                       ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """The trained delta plus member `seed`'s perturbation, as rank-2r factors."""
-        return member_adapter(seed, scale, self.targets, self.rank, scales, self.factors)
 
     def delta(self, name: str) -> torch.Tensor:
         a, b = self.factors[name]

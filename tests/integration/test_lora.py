@@ -90,15 +90,20 @@ def test_lora_same_seed_twice_gives_identical_metrics_in_one_call_per_step(
     assert checksums[0] == checksums[1] != input_checksum  # the merged update moved weights
 
 
+@pytest.mark.parametrize("members_written", [False, True])
 def test_merged_update_adds_the_dense_low_rank_update(vllm_lora_engine, counting, tmp_path,
-                                                      default_model_dir):
-    """Worker-side merge: fused q/k/v and gate/up rows and the packed CPU layout included."""
+                                                      default_model_dir, members_written):
+    """Worker-side merge: fused q/k/v and gate/up rows and the packed CPU layout included;
+    from seeds, or (members_written) from the factors the worker drew for the members."""
     specs = source_tensor_specs(default_model_dir)
     targets = lora.find_targets(specs, ("k_proj", "up_proj", "o_proj"), (1,))
     scales = {1: 0.5}
     seeds, coefficients = [11, 12], [0.25, -0.5]
+    spec = lora_update_spec(targets, 2, scales)
+    if members_written:
+        vllm_lora_engine.set_lora_members([(0, 11, 0.1), (1, 11, -0.1), (2, 12, 0.1)], spec)
     vllm_lora_engine.save_master(str(tmp_path / "before"))
-    vllm_lora_engine.lora_update(lora_update_spec(targets, 2, scales), seeds, coefficients)
+    vllm_lora_engine.lora_update(spec, seeds, coefficients)
     vllm_lora_engine.save_master(str(tmp_path / "after"))
     assert vllm_lora_engine.check("es_check_master") == [[]]  # serving == cast(master)
     before = load_file(tmp_path / "before" / "master.safetensors")
@@ -137,8 +142,9 @@ def test_member_slots_serve_exactly_the_members_adapter_folders(vllm_lora_engine
         return [c[0].token_ids for c in outputs]
 
     served = {}
-    for seed in (21, 22):
-        vllm_lora_engine.set_lora_members([(0, seed, 0.05), (1, seed, -0.05)], spec)
+    for seed in (21, 22):  # seed 22 is drawn ahead, while seed 21 generates
+        vllm_lora_engine.set_lora_members([(0, seed, 0.05), (1, seed, -0.05)], spec,
+                                          ahead=[22] if seed == 21 else [])
         served[seed] = tokens(vllm_lora_engine.generate(PROMPTS * 2, max_tokens=24,
                                                         adapters=[0, 0, 1, 1]))
         folders = [folder(seed, 0.05)] * 2 + [folder(seed, -0.05)] * 2

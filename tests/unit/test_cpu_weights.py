@@ -47,3 +47,21 @@ def test_logical_binding_reads_the_parameter():
     assert torch.count_nonzero(layer.cpu_linear(x, layer.weight, None)) == 0
     assert first.shape == (2, 16)
     assert cpu_weights.layout_of(layer.weight) is None
+
+
+@pytest.mark.parametrize(("start", "rows"), [(0, 960), (576, 192), (768, 192), (16, 48)])
+def test_add_rows_adds_logical_rows_in_the_packed_layout(start, rows):
+    """Block-aligned rows go through a strided view, others through to_live; both must be
+    the logical addition, exactly (fp32, as the ES master)."""
+    layout = ("sgl_vnni", 960, 576)
+    logical = torch.randn(960, 576)
+    live = cpu_weights.to_live(logical, layout)
+    delta = torch.randn(rows, 576)
+    cpu_weights.add_rows_(live, start, delta, layout)
+    expected = logical.clone()
+    expected[start:start + rows] += delta
+    assert torch.equal(cpu_weights.to_logical(live, layout), expected)
+    plain = logical.clone()
+    cpu_weights.add_rows_(plain, start, delta, None)
+    assert torch.equal(plain, expected)
+    assert cpu_weights._vnni_blocks(960, 576) == (32, 2)

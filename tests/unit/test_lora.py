@@ -104,13 +104,17 @@ def test_trained_adapter_keeps_the_best_rank_r_approximation():
     assert torch.equal(restored.delta(DOWN1.name), adapter.delta(DOWN1.name))
 
 
-def test_member_of_a_trained_adapter_adds_its_perturbation():
+def test_members_stack_their_seeds_factors_scaled_behind_the_trained_adapter():
     adapter = lora.TrainedAdapter([DOWN1], rank=2)
     adapter.add([3], [0.7], {1: 1.0})
-    a, b = adapter.member_factors(9, -0.1, {1: 1.0})[DOWN1.name]
-    assert a.shape == (4, 12) and b.shape == (8, 4)
-    pa, pb = lora.perturbation(9, -0.1, DOWN1, 2, 1.0)
-    torch.testing.assert_close(b @ a, adapter.delta(DOWN1.name) + pb @ pa)
+    units = [lora.seed_factors(seed, [DOWN1], 2, {1: 0.5})[DOWN1.name] for seed in (9, 9, 4)]
+    a, b = lora.member_stack(units, [-0.1, 0.1, 0.3], adapter.factors[DOWN1.name])
+    assert a.shape == (3, 4, 12) and b.shape == (3, 8, 4)
+    for m, (seed, scale) in enumerate([(9, -0.1), (9, 0.1), (4, 0.3)]):
+        pa, pb = lora.perturbation(seed, scale, DOWN1, 2, 0.5)
+        torch.testing.assert_close(b[m] @ a[m], adapter.delta(DOWN1.name) + pb @ pa)
+    plain_a, plain_b = lora.member_stack(units, [-0.1, 0.1, 0.3])
+    assert torch.equal(plain_b[0], -plain_b[1]) and torch.equal(plain_a[0], plain_a[1])
 
 
 def test_written_adapter_is_peft_format_and_folds_alpha_into_b(tmp_path):
@@ -136,3 +140,25 @@ def test_a_model_folder_without_weights_is_a_clear_error(tmp_path):
                                   "reward_func_path": "engine.rewards.conciseness.compute_score"})
     with pytest.raises(ValueError, match=r"model: no safetensors weights in .*lora mode"):
         LoraPopulation(config, tmp_path)
+
+
+def test_worker_draws_each_seed_once_keeps_them_for_the_update_and_draws_ahead():
+    """lora_engine.SeedFactors: a pair's seed is drawn once, the update finds the step's
+    factors only under the same spec, and seeds drawn ahead are taken, not drawn again."""
+    from engine.backends.vllm.lora_engine import SeedFactors, lora_update_spec
+
+    spec = lora_update_spec([DOWN1], 2, {1: 0.5})
+    other = lora_update_spec([DOWN1], 2, {1: 0.25})
+    cache = SeedFactors()
+    current = cache.take([3, 3, 4], spec)
+    assert list(current) == [3, 4]
+    expected = lora.seed_factors(3, [DOWN1], 2, {1: 0.5})[DOWN1.name]
+    assert all(torch.equal(x, y) for x, y in zip(current[3][DOWN1.name], expected, strict=True))
+    assert cache.for_update([4, 3], spec) is current
+    assert cache.for_update([5], spec) is None and cache.for_update([3], other) is None
+    cache.draw_ahead([5, 5], spec)
+    drawn_ahead = cache._ahead[1].result()
+    assert cache.take([5], spec)[5] is drawn_ahead[5]
+    cache.draw_ahead([6], other)  # drawn for another spec: not served for this one
+    taken = cache.take([6], spec)[6][DOWN1.name][1]
+    assert torch.equal(taken, lora.seed_factors(6, [DOWN1], 2, {1: 0.5})[DOWN1.name][1])

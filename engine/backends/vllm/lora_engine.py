@@ -27,15 +27,24 @@ backend may store the weight packed, see cpu_weights), then cast to the serving 
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import os
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.backends.vllm import cpu_lora, cpu_weights
-from engine.lora import LoraTarget
+from engine.lora import (
+    Factors,
+    LoraTarget,
+    dense_update,
+    low_rank_sum,
+    member_stack,
+    seed_factors,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -106,18 +115,83 @@ def write_placeholder(folder: str | Path, spec: Mapping[str, Any], base_model: s
     return str(write_adapter(folder, factors, rank=1, alpha=1.0, base_model=base_model))
 
 
-def write_member_slots(worker: Any, model: torch.nn.Module, spec: Mapping[str, Any],
-                       members: Sequence[Sequence[Any]]) -> list[int]:
-    """Write members (slot, seed, scale) into their adapter slots, in the worker: each
-    member's factors (engine.lora.perturbation, plus the trained adapter's in front of them
-    when `spec["trained"]` names its file) go to the LoRA layers in set_lora's layout, the
-    rank zero-padded, in one indexed write per slice (_write_slices); tensor-parallel layers
-    go through `set_lora` itself, which shards them as it does for vLLM's own loads.
-    Returns the slots whose request is not registered and active here (nothing is written
-    then: the engine registers them and calls again)."""
-    import torch
+class SeedFactors:
+    """A worker's seed_factors of the members it serves, by seed: drawn once per seed (an
+    antithetic pair shares them), kept for the step's merged update (which then draws
+    nothing), and the next step's drawn ahead on a background thread while this step
+    generates: the CPU engine computes on one core of two, and a GPU engine leaves the CPU
+    idle. Only the current and the next step's are held (for the default model 4.9 MB a
+    seed in fp32)."""
 
-    from engine.lora import member_adapter
+    def __init__(self) -> None:
+        self.key = ""
+        self.current: dict[int, Factors] = {}
+        self._ahead: tuple[str, Future[dict[int, Factors]]] | None = None
+        self._background = ThreadPoolExecutor(1, thread_name_prefix="eslab-draw-ahead")
+
+    def take(self, seeds: Sequence[int], spec: Mapping[str, Any]) -> dict[int, Factors]:
+        """The factors of `seeds`, which become the current ones: those drawn ahead for this
+        spec, the rest drawn now on a thread per core (but one; drawing releases the GIL)."""
+        key = _draw_key(spec)
+        ready: dict[int, Factors] = {}
+        if self._ahead is not None:
+            ahead_key, future = self._ahead
+            self._ahead = None
+            drawn = future.result()
+            if ahead_key == key:
+                ready = drawn
+        wanted = list(dict.fromkeys(int(s) for s in seeds))
+        missing = [s for s in wanted if s not in ready]
+        with ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1)) as pool:
+            ready.update(zip(missing, pool.map(functools.partial(_draw, spec), missing),
+                             strict=True))
+        self.key, self.current = key, {s: ready[s] for s in wanted}
+        return self.current
+
+    def draw_ahead(self, seeds: Sequence[int], spec: Mapping[str, Any]) -> None:
+        """Start drawing the next step's `seeds` in the background (take collects them)."""
+        wanted = list(dict.fromkeys(int(s) for s in seeds))
+        if wanted:
+            self._ahead = (_draw_key(spec), self._background.submit(
+                lambda: {s: _draw(spec, s) for s in wanted}))
+
+    def for_update(self, seeds: Sequence[int], spec: Mapping[str, Any]
+                   ) -> dict[int, Factors] | None:
+        """The current factors if they hold every seed of an update under `spec`, else None."""
+        if self.key == _draw_key(spec) and all(int(s) in self.current for s in seeds):
+            return self.current
+        return None
+
+
+def _draw_key(spec: Mapping[str, Any]) -> str:
+    """What seed_factors depend on besides the seed (not the trained adapter)."""
+    return json.dumps([spec["rank"], spec["targets"], spec["scales"]], sort_keys=True)
+
+
+def _draw(spec: Mapping[str, Any], seed: int) -> Factors:
+    rank, scales, targets = _parse_spec(spec)
+    return seed_factors(seed, targets, rank, scales)
+
+
+def seed_cache(worker: Any) -> SeedFactors:
+    """The worker's SeedFactors, made on first use."""
+    if getattr(worker, "_es_seed_factors", None) is None:
+        worker._es_seed_factors = SeedFactors()
+    return worker._es_seed_factors
+
+
+def write_member_slots(worker: Any, model: torch.nn.Module, spec: Mapping[str, Any],
+                       members: Sequence[Sequence[Any]], ahead: Sequence[int] = ()
+                       ) -> list[int]:
+    """Write members (slot, seed, scale) into their adapter slots, in the worker: each
+    member's factors (engine.lora.member_stack: its seed's, scaled, plus the trained
+    adapter's in front of them when `spec["trained"]` names its file) go to the LoRA layers
+    in set_lora's layout, the rank zero-padded, in one indexed write per slice
+    (_write_slices); tensor-parallel layers go through `set_lora` itself, which shards them
+    as it does for vLLM's own loads. Then the seeds `ahead` (the next step's members here)
+    start drawing in the background. Returns the slots whose request is not registered and
+    active here (nothing is written then: the engine registers them and calls again)."""
+    import torch
 
     manager = worker.model_runner.lora_manager._adapter_manager
     active = list(manager.lora_index_to_id)
@@ -126,56 +200,58 @@ def write_member_slots(worker: Any, model: torch.nn.Module, spec: Mapping[str, A
         return missing
     _sort_member_slots(active)
     manager.lora_index_to_id[:] = active
-    rank, scales, targets = _parse_spec(spec)
+    _, _, targets = _parse_spec(spec)
     trained = _trained_factors(spec.get("trained"))
     layers = _slot_layers(model, manager.modules, [t.name for t in targets])
     untouched = [m for m in manager.modules.values()
                  if hasattr(m, "reset_lora") and all(m is not layer for layer, _ in layers)]
-
-    def draw(member: Sequence[Any]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        return member_adapter(int(member[1]), float(member[2]), targets, rank, scales, trained)
-
-    # Drawing releases the GIL: members are drawn on a thread per core (but one).
-    with ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1)) as pool:
-        drawn = list(pool.map(draw, members))
+    cache = seed_cache(worker)
+    units = cache.take([m[1] for m in members], spec)
+    member_units = [units[int(seed)] for _, seed, _ in members]
+    member_scales = [float(scale) for _, _, scale in members]
     slots = [active.index(member_id(m[0])) for m in members]
     with torch.inference_mode():
         for module in untouched:  # a slot may hold an earlier run's other targets
             for index in slots:
                 module.reset_lora(index)
         for layer, parts in layers:
+            stacks = {name: member_stack([u[name] for u in member_units], member_scales,
+                                         None if trained is None else trained[name])
+                      for name in parts if name in member_units[0]}
             if getattr(layer, "tp_size", 1) == 1:
-                _write_slices(layer, parts, drawn, slots)
+                _write_slices(layer, parts, stacks, slots)
                 continue
-            for index, factors in zip(slots, drawn, strict=True):  # set_lora shards them
-                a = [factors[n][0] if n in factors else None for n in parts]
-                b = [factors[n][1] if n in factors else None for n in parts]
+            for j, index in enumerate(slots):  # set_lora shards them
+                a = [stacks[n][0][j] if n in stacks else None for n in parts]
+                b = [stacks[n][1][j] if n in stacks else None for n in parts]
                 layer.set_lora(index, *((a[0], b[0]) if len(parts) == 1 else (a, b)))
     cpu_lora.weights_changed()
+    cache.draw_ahead(ahead, spec)
     return []
 
 
 def _write_slices(layer: Any, parts: Sequence[str],
-                  drawn: Sequence[Mapping[str, tuple[torch.Tensor, torch.Tensor]]],
+                  stacks: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
                   slots: Sequence[int]) -> None:
-    """All members' factors into one unsharded LoRA layer: per slice, the slots zeroed and
-    the stacked factors copied in with one indexed write (the layout set_lora writes:
-    A [slot, 0, :r, :in], B [slot, 0, :out, :r]). Per member and layer, set_lora's copies
-    took 1.1 s for 32 members of the 135M model on an H100, a third of the step."""
+    """All members' stacked factors into one unsharded LoRA layer, one write per slice and
+    factor, zero-padded to the slot's rank (the layout set_lora writes: A [slot, 0, :r, :in],
+    B [slot, 0, :out, :r]); a slice no member targets is zeroed. Consecutive slots (the
+    usual case) are written as one view, others by index. Per member and layer, set_lora's
+    copies took 1.1 s for 32 members of the 135M model on an H100, a third of the step."""
     import torch
 
     device = layer.lora_a_stacked[0].device
-    index = torch.tensor(list(slots), device=device)
+    first = slots[0]
+    rows: slice | torch.Tensor = (slice(first, first + len(slots))
+                                  if list(slots) == list(range(first, first + len(slots)))
+                                  else torch.tensor(list(slots), device=device))
     for s, name in enumerate(parts):
-        a_buf, b_buf = layer.lora_a_stacked[s], layer.lora_b_stacked[s]
-        a_buf.index_fill_(0, index, 0)
-        b_buf.index_fill_(0, index, 0)
-        if name not in drawn[0]:
-            continue
-        a = torch.stack([factors[name][0] for factors in drawn]).to(a_buf)  # [M, r, in]
-        b = torch.stack([factors[name][1] for factors in drawn]).to(b_buf)  # [M, out, r]
-        a_buf[index, 0, :a.shape[1], :a.shape[2]] = a
-        b_buf[index, 0, :b.shape[1], :b.shape[2]] = b
+        for buf, factor in zip((layer.lora_a_stacked[s], layer.lora_b_stacked[s]),
+                               stacks.get(name, (None, None)), strict=True):
+            padded = torch.zeros(len(slots), *buf.shape[2:], dtype=buf.dtype, device=device)
+            if factor is not None:
+                padded[:, :factor.shape[1], :factor.shape[2]] = factor
+            buf[rows, 0] = padded
 
 
 def _sort_member_slots(ids: list[int | None]) -> None:
@@ -238,11 +314,12 @@ def apply_lora_update(worker: Any, model: torch.nn.Module, spec: Mapping[str, An
     drawing the factors and the matmuls release the GIL."""
     import torch
 
-    from engine.lora import dense_update
-
     if worker._es_tp_size != 1:
         raise NotImplementedError("lora_update merge needs tensor_parallel_size 1")
     rank, scales, targets = _parse_spec(spec)
+    if not seeds:
+        return
+    drawn = seed_cache(worker).for_update(seeds, spec)
     index = {name: i for i, name in enumerate(worker._es_names)}
     jobs: dict[int, list[tuple[LoraTarget, int]]] = {}  # parameter index -> (target, row)
     for target in targets:
@@ -250,14 +327,14 @@ def apply_lora_update(worker: Any, model: torch.nn.Module, spec: Mapping[str, An
         jobs.setdefault(index[param], []).append((target, start))
 
     def update(i: int) -> None:
-        master, layout = worker._es_master[i], worker._es_layouts[i]
-        shape = (layout[1], layout[2]) if layout else tuple(master.shape)
-        delta = torch.zeros(shape, dtype=torch.float32, device=master.device)  # logical
-        for target, start in jobs[i]:
-            delta[start:start + target.out_features] += dense_update(
-                seeds, coefficients, target, rank, scales[target.layer], master.device)
+        master = worker._es_master[i]
         with torch.inference_mode():
-            master.add_(cpu_weights.to_live(delta, layout))
+            for target, start in jobs[i]:
+                delta = (dense_update(seeds, coefficients, target, rank, scales[target.layer],
+                                      master.device) if drawn is None else
+                         low_rank_sum([drawn[int(s)][target.name] for s in seeds],
+                                      coefficients, master.device))
+                cpu_weights.add_rows_(master, start, delta, worker._es_layouts[i])
             worker._es_live[i].copy_(master)
             worker._es_snapshot[i].copy_(worker._es_live[i])
 
