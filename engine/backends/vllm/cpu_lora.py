@@ -327,16 +327,22 @@ def add_lora_linear(self: Any, y: torch.Tensor, x: torch.Tensor,
     for block in plan.blocks:
         groups = block.adapters.numel()
         inputs = x.view(-1, x.shape[-1])[block.tokens].view(groups, block.rows, -1)
-        shrunk = torch.bmm(inputs, block.take(a_t).to(x.dtype)) * scale
+        shrunk = _scaled(torch.bmm(inputs, block.take(a_t).to(x.dtype)), scale)
         out = flat[block.tokens].view(groups, block.rows, -1)
         _expand_slices(out, shrunk, [block.take(b) for b in b_t], rank, output_slices)
     rest = plan.rest
     if rest is not None:
         groups = rest.adapters.numel()
-        shrunk = torch.bmm(_padded(x, rest), _selected(a_t, rest).to(x.dtype)) * scale
+        shrunk = _scaled(torch.bmm(_padded(x, rest), _selected(a_t, rest).to(x.dtype)), scale)
         out = torch.zeros(groups, rest.rows, flat.shape[1], dtype=y.dtype)
         _expand_slices(out, shrunk, [_selected(b, rest) for b in b_t], rank, output_slices)
         _add_rows(flat, out.view(groups * rest.rows, -1), rest)
+
+
+def _scaled(shrunk: torch.Tensor, scale: float) -> torch.Tensor:
+    """shrunk * scale in place; vLLM passes 1.0 (its B already carries alpha / r), then it
+    is left as it is (a multiply per layer call)."""
+    return shrunk if scale == 1.0 else shrunk.mul_(scale)
 
 
 def _expand_slices(out: torch.Tensor, shrunk: torch.Tensor, b_t: list[torch.Tensor],
