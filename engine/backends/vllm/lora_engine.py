@@ -7,11 +7,13 @@ that vLLM itself uses to fill its adapter slots.
 
 Population members live in vLLM's adapter slots, not in files: each engine registers one
 request per member slot once (`MEMBER_ID_BASE + slot`, pointing at a tiny zero placeholder
-adapter, loaded by a warm-up call), and every step the worker draws each member's factors
-from its seed and writes them straight into the slot's buffers (`write_member_slots`). So a
-step writes no files and vLLM loads nothing (32 members of the default model, measured:
-1.05 s as PEFT folders against 0.5 s into slots on this CPU, 1.10 s (H200) against 0.50 s
-(H100) on a GPU). The slot ids stay the same from step to step, so the engine resets its
+adapter, loaded by a warm-up call), and every step the worker writes each member's factors,
+drawn from its seed, straight into the slot's buffers (`write_member_slots`). A seed is drawn
+once for its antithetic pair, and the next step's seeds are drawn in the background while
+this step generates (`SeedFactors`). So a step writes no files and vLLM loads nothing (32
+members of the default model, measured: 1.05 s as PEFT folders against 0.5 s into slots on
+this CPU before the drawing moved off the step, 0.13 s since; on a GPU 1.10 s (H200)
+against 0.50 s (H100)). The slot ids stay the same from step to step, so the engine resets its
 prefix cache after every write: cached blocks are keyed by adapter id, and the weights
 behind an id change.
 
@@ -20,9 +22,10 @@ gets a fresh id the first time it is named, and nobody rewrites a folder, so a c
 adapter is never served for new weights.
 
 The merged update (`lora_update: merge`) runs in the worker (`apply_lora_update`), from seeds
-and coefficients: the dense fp32 update of every target is added to the fp32 master in the
-parameter's live layout (vLLM fuses q/k/v and gate/up along the output rows, and the CPU
-backend may store the weight packed, see cpu_weights), then cast to the serving weights.
+and coefficients (the factors the worker drew for the step's members, else drawn again): the
+dense fp32 update of every target is added to the fp32 master in the parameter's live layout
+(vLLM fuses q/k/v and gate/up along the output rows, and the CPU backend may store the
+weight packed, see cpu_weights), then cast to the serving weights.
 """
 
 from __future__ import annotations
