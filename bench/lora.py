@@ -46,6 +46,8 @@ from engine.sink import MemorySink
 from engine.trainer import train
 
 TRAIN_FILE = data_dir() / "conciseness" / "train.parquet"
+INPUT_MASTER = "/tmp/eslab-bench-lora/input-master"
+"""Every run starts from the input model's fp32 master, saved here when an engine starts."""
 
 
 @dataclass
@@ -90,9 +92,15 @@ def config(args: argparse.Namespace, mode: str, population: int) -> RunConfig:
     return RunConfig.from_flat(options)
 
 
-def start(cfg: RunConfig, max_loras: int | None) -> tuple[EnginePool, VLLMEngine]:
+def start(cfg: RunConfig, max_loras: int | None, args: argparse.Namespace
+          ) -> tuple[EnginePool, VLLMEngine]:
+    """An engine (multi-LoRA with max_loras slots) whose KV cache has a fixed size: vLLM CPU
+    otherwise sizes it as the memory share minus what this process already holds, which
+    after a first engine has been shut down is less than nothing."""
     m = cfg.model
-    extra = engine_args(cfg.with_overrides([f"population_size={max_loras}"])) if max_loras else None
+    extra = {"kv_cache_memory_bytes": int(args.kv_cache_gib * 2**30)}
+    if max_loras:
+        extra |= engine_args(cfg.with_overrides([f"population_size={max_loras}"]))
     engine = VLLMEngine(str(default_model_dir()), max_model_len=m.max_model_len,
                         max_num_seqs=m.max_num_seqs,
                         gpu_memory_utilization=m.gpu_memory_utilization, seed=0,
@@ -100,9 +108,11 @@ def start(cfg: RunConfig, max_loras: int | None) -> tuple[EnginePool, VLLMEngine
     return EnginePool.wrap(engine), engine
 
 
-def measure(pool: EnginePool, cfg: RunConfig, mode: str, args: argparse.Namespace
-            ) -> tuple[Row, list[Generated]]:
-    """The mean of the measured steps, and (lora mode) what each measured step generated."""
+def measure(pool: EnginePool, cfg: RunConfig, mode: str, args: argparse.Namespace,
+            input_master: str) -> tuple[Row, list[Generated]]:
+    """The mean of the measured steps, and (lora mode) what each measured step generated.
+    The run starts from the input model (`input_master`), whatever ran on the engine before."""
+    pool.load_master(input_master)
     generated: list[Generated] = []
     generate = pool.generate
 
@@ -192,6 +202,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=4)
     parser.add_argument("--modes", nargs="+", default=["full", "lora"], choices=["full", "lora"])
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.12)
+    parser.add_argument("--kv-cache-gib", type=float, default=2.0)
     parser.add_argument("--baseline-repeats", type=int, default=3,
                         help="batched base-model calls a baseline; the median counts")
     args = parser.parse_args()
@@ -201,17 +212,19 @@ def main() -> None:
     generated: dict[int, list[Generated]] = {}
     first = config(args, "full", args.populations[0])
     if "lora" in args.modes:
-        pool, _ = start(first, max(args.populations))
+        pool, _ = start(first, max(args.populations), args)
+        pool.save_master(INPUT_MASTER)
         try:
             for population in args.populations:
                 row, generated[population] = measure(
-                    pool, config(args, "lora", population), "lora", args)
+                    pool, config(args, "lora", population), "lora", args, INPUT_MASTER)
                 rows["lora", population] = row
                 print(row, flush=True)
         finally:
             pool.shutdown()
     bases: dict[int, Baseline] = {}
-    pool, engine = start(first, None)  # plain engine: the baselines, then full mode
+    pool, engine = start(first, None, args)  # plain engine: the baselines, then full mode
+    pool.save_master(INPUT_MASTER)
     try:
         for population, steps in generated.items():  # on the input model, before full mode
             bases[population] = Baseline(
@@ -221,7 +234,7 @@ def main() -> None:
         for population in args.populations:
             if "full" in args.modes:
                 rows["full", population], _ = measure(
-                    pool, config(args, "full", population), "full", args)
+                    pool, config(args, "full", population), "full", args, INPUT_MASTER)
                 print(rows["full", population], flush=True)
     finally:
         pool.shutdown()
