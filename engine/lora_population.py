@@ -82,15 +82,13 @@ class LoraPopulation:
     # ---- one step ---------------------------------------------------------------------------
 
     def evaluate(self, pool: EnginePool, members: Sequence[Member], noise_std: float,
-                 task: GenerateAndScore, step: int, upcoming: Sequence[Member] = ()
-                 ) -> list[ScoredBatch]:
-        """All members' completions in one engine call, scored per member, in member order;
-        the engines draw the `upcoming` members (the next step's) while they generate.
+                 task: GenerateAndScore, step: int) -> list[ScoredBatch]:
+        """All members' completions in one engine call, scored per member, in member order.
         `pool.last_stats` gets the time of writing the members' slots as the perturb phase."""
         start = time.perf_counter()
         slots = [m.index for m in members for _ in task.prompts]
         pool.set_lora_members({m.index: (m.seed, m.sign * noise_std) for m in members}, slots,
-                              self._member_spec(step), {m.index: m.seed for m in upcoming})
+                              self._member_spec(step))
         written = time.perf_counter()
         s = task.sampling
         outputs = pool.generate(task.prompts * len(members), n=s.n, temperature=s.temperature,

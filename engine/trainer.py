@@ -222,9 +222,7 @@ def es_step(config: RunConfig, pool: EnginePool, examples: list[Example], step: 
     else:
         if stop is not None and stop():
             raise EvaluationStopped("stopped before the population was evaluated")
-        upcoming = population(config.data.seed, step + 1, config.es.population_size,
-                              config.es.antithetic)
-        results = lora.evaluate(pool, members, noise_std, task, step, upcoming)
+        results = lora.evaluate(pool, members, noise_std, task, step)
 
     mean_rewards = np.array([r.fitness for r in results])  # [N]
     fitness = aligner.fitness(results) if aligner is not None else mean_rewards

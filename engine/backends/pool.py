@@ -206,17 +206,13 @@ class EnginePool:
         return [c for out in outs for c in out]
 
     def set_lora_members(self, members: Mapping[int, tuple[int, float]],
-                         adapters: Sequence[int], spec: dict[str, Any],
-                         ahead: Mapping[int, int] | None = None) -> None:
+                         adapters: Sequence[int], spec: dict[str, Any]) -> None:
         """Write members (slot -> (seed, scale)) into the LoRA slots of the engines that
         serve them: `adapters` is the per-prompt slot list that `generate` will get, and
-        each engine gets the members of its part of it, and the seeds of `ahead` (slot ->
-        the next step's seed) for its slots, to draw in the background."""
-        ahead = ahead or {}
-        parts = [list(dict.fromkeys(part)) for part in _split(list(adapters), self.num_engines)]
+        each engine gets the members of its part of it."""
+        parts = _split(list(adapters), self.num_engines)
         self._scatter("set_lora_members", [
-            ([(slot, *members[slot]) for slot in part], spec,
-             [ahead[slot] for slot in part if slot in ahead]) for part in parts])
+            ([(slot, *members[slot]) for slot in dict.fromkeys(part)], spec) for part in parts])
 
     def completion_logprobs(
         self, prompts: Sequence[Messages], completions: Sequence[str | Sequence[int]]

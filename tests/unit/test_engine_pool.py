@@ -144,17 +144,3 @@ def test_num_engines_must_be_positive():
 def test_engines_per_gpu_must_be_positive():
     with pytest.raises(ValueError, match="engines_per_gpu"):
         EnginePool("model", num_engines=2, engines_per_gpu=0)
-
-
-def test_lora_members_and_next_steps_seeds_go_to_the_engine_serving_their_slots(monkeypatch):
-    pool = EnginePool.wrap(FakeEngine())
-    monkeypatch.setattr(pool, "_actors", ["engine 0", "engine 1"])  # as if two Ray actors
-    sent = []
-    monkeypatch.setattr(pool, "_scatter", lambda method, arg_lists: sent.append((method,
-                                                                                  arg_lists)))
-    members = {0: (40, 0.1), 1: (40, -0.1), 2: (41, 0.1), 3: (41, -0.1)}
-    pool.set_lora_members(members, [0, 0, 1, 1, 2, 2, 3, 3], {"rank": 4},
-                          {0: 70, 1: 70, 2: 71, 3: 71})
-    assert sent == [("set_lora_members", [
-        ([(0, 40, 0.1), (1, 40, -0.1)], {"rank": 4}, [70, 70]),
-        ([(2, 41, 0.1), (3, 41, -0.1)], {"rank": 4}, [71, 71])])]

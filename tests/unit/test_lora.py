@@ -142,9 +142,9 @@ def test_a_model_folder_without_weights_is_a_clear_error(tmp_path):
         LoraPopulation(config, tmp_path)
 
 
-def test_worker_draws_each_seed_once_keeps_them_for_the_update_and_draws_ahead():
-    """lora_engine.SeedFactors: a pair's seed is drawn once, the update finds the step's
-    factors only under the same spec, and seeds drawn ahead are taken, not drawn again."""
+def test_worker_draws_each_seed_once_and_keeps_them_for_the_update():
+    """lora_engine.SeedFactors: a pair's seed is drawn once, and the update finds the step's
+    factors only for its seeds and under the same spec."""
     from engine.backends.vllm.lora_engine import SeedFactors, lora_update_spec
 
     spec = lora_update_spec([DOWN1], 2, {1: 0.5})
@@ -156,9 +156,4 @@ def test_worker_draws_each_seed_once_keeps_them_for_the_update_and_draws_ahead()
     assert all(torch.equal(x, y) for x, y in zip(current[3][DOWN1.name], expected, strict=True))
     assert cache.for_update([4, 3], spec) is current
     assert cache.for_update([5], spec) is None and cache.for_update([3], other) is None
-    cache.draw_ahead([5, 5], spec)
-    drawn_ahead = cache._ahead[1].result()
-    assert cache.take([5], spec)[5] is drawn_ahead[5]
-    cache.draw_ahead([6], other)  # drawn for another spec: not served for this one
-    taken = cache.take([6], spec)[6][DOWN1.name][1]
-    assert torch.equal(taken, lora.seed_factors(6, [DOWN1], 2, {1: 0.5})[DOWN1.name][1])
+    assert list(cache.take([6], other)) == [6] and cache.for_update([3], spec) is None

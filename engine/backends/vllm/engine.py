@@ -219,23 +219,21 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
 
     def set_lora_members(self, members: Sequence[tuple[int, int, float]],
-                         spec: dict[str, Any], ahead: Sequence[int] = ()) -> None:
+                         spec: dict[str, Any]) -> None:
         """Put population members (slot, seed, scale) into this engine's LoRA slots; then
-        `generate(adapters=[slot, ...])` serves them (lora_engine.py). `ahead` names the
-        seeds of the next step's members here, drawn in the background meanwhile. The first
-        call, and any after another adapter took a member's slot, registers the slots with a
-        warm-up call of one token per slot."""
+        `generate(adapters=[slot, ...])` serves them (lora_engine.py). The first call, and
+        any after another adapter took a member's slot, registers the slots with a warm-up
+        call of one token per slot."""
         if self._member_placeholder is None:
             self._member_folder = tempfile.mkdtemp(prefix="eslab-slots-", dir=tmpfs_dir())
             self._member_placeholder = write_placeholder(self._member_folder, spec, self.model)
         members = [(int(slot), int(seed), float(scale)) for slot, seed, scale in members]
-        ahead = [int(seed) for seed in ahead]
-        missing = self._rpc("es_lora_members", members, spec, ahead)[0]
+        missing = self._rpc("es_lora_members", members, spec)[0]
         if missing:  # one batch of all members: registering one must not evict another
             slots = [slot for slot, _, _ in members]
             self.generate([[{"role": "user", "content": "."}]] * len(slots), max_tokens=1,
                           adapters=slots)
-            missing = self._rpc("es_lora_members", members, spec, ahead)[0]
+            missing = self._rpc("es_lora_members", members, spec)[0]
             if missing:
                 raise RuntimeError(f"LoRA member slots {missing} could not be registered "
                                    "(is max_loras below the population size?)")

@@ -8,14 +8,13 @@ that vLLM itself uses to fill its adapter slots.
 Population members live in vLLM's adapter slots, not in files: each engine registers one
 request per member slot once (`MEMBER_ID_BASE + slot`, pointing at a tiny zero placeholder
 adapter, loaded by a warm-up call), and every step the worker writes each member's factors,
-drawn from its seed, straight into the slot's buffers (`write_member_slots`). A seed is drawn
-once for its antithetic pair, and the next step's seeds are drawn in the background while
-this step generates (`SeedFactors`). So a step writes no files and vLLM loads nothing (32
-members of the default model, measured: 1.05 s as PEFT folders against 0.5 s into slots on
-this CPU before the drawing moved off the step, 0.13 s since; on a GPU 1.10 s (H200)
-against 0.50 s (H100)). The slot ids stay the same from step to step, so the engine resets its
-prefix cache after every write: cached blocks are keyed by adapter id, and the weights
-behind an id change.
+drawn from its seed, straight into the slot's buffers (`write_member_slots`); a seed is drawn
+once for its antithetic pair and kept for the step's update (`SeedFactors`). So a step
+writes no files and vLLM loads nothing (32 members of the default model, measured: 1.05 s
+as PEFT folders against 0.5 s into slots on this CPU, drawing every member, and 0.15-0.25 s
+drawing each pair once; on a GPU 1.10 s (H200) against 0.50 s (H100)). The slot ids stay
+the same from step to step, so the engine resets its prefix cache after every write: cached
+blocks are keyed by adapter id, and the weights behind an id change.
 
 Saved adapters (PEFT folders, e.g. a trained one) are still served by path: every folder
 gets a fresh id the first time it is named, and nobody rewrites a folder, so a cached
@@ -35,7 +34,7 @@ import itertools
 import json
 import os
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -120,43 +119,26 @@ def write_placeholder(folder: str | Path, spec: Mapping[str, Any], base_model: s
 
 class SeedFactors:
     """A worker's seed_factors of the members it serves, by seed: drawn once per seed (an
-    antithetic pair shares them), kept for the step's merged update (which then draws
-    nothing), and the next step's drawn ahead on a background thread while this step
-    generates: the CPU engine computes on one core of two, and a GPU engine leaves the CPU
-    idle. Only the current and the next step's are held (for the default model 4.9 MB a
-    seed in fp32)."""
+    antithetic pair shares them) and kept for the step's merged update, which then draws
+    nothing (for the default model 4.9 MB a seed in fp32; the next step's replace them).
+
+    Drawing the next step's seeds on a background thread while this step generates was
+    tried and dropped: its many small torch calls contend for the GIL with vLLM's Python,
+    and generation slowed by more than the drawing took (5.49 against 5.13 s median of ten
+    generate calls of 32 members on this CPU, measured)."""
 
     def __init__(self) -> None:
         self.key = ""
         self.current: dict[int, Factors] = {}
-        self._ahead: tuple[str, Future[dict[int, Factors]]] | None = None
-        self._background = ThreadPoolExecutor(1, thread_name_prefix="eslab-draw-ahead")
 
     def take(self, seeds: Sequence[int], spec: Mapping[str, Any]) -> dict[int, Factors]:
-        """The factors of `seeds`, which become the current ones: those drawn ahead for this
-        spec, the rest drawn now on a thread per core (but one; drawing releases the GIL)."""
-        key = _draw_key(spec)
-        ready: dict[int, Factors] = {}
-        if self._ahead is not None:
-            ahead_key, future = self._ahead
-            self._ahead = None
-            drawn = future.result()
-            if ahead_key == key:
-                ready = drawn
+        """The factors of `seeds`, drawn now on a thread per core (drawing releases the GIL),
+        which become the current ones."""
         wanted = list(dict.fromkeys(int(s) for s in seeds))
-        missing = [s for s in wanted if s not in ready]
-        with ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1)) as pool:
-            ready.update(zip(missing, pool.map(functools.partial(_draw, spec), missing),
-                             strict=True))
-        self.key, self.current = key, {s: ready[s] for s in wanted}
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            drawn = list(pool.map(functools.partial(_draw, spec), wanted))
+        self.key, self.current = _draw_key(spec), dict(zip(wanted, drawn, strict=True))
         return self.current
-
-    def draw_ahead(self, seeds: Sequence[int], spec: Mapping[str, Any]) -> None:
-        """Start drawing the next step's `seeds` in the background (take collects them)."""
-        wanted = list(dict.fromkeys(int(s) for s in seeds))
-        if wanted:
-            self._ahead = (_draw_key(spec), self._background.submit(
-                lambda: {s: _draw(spec, s) for s in wanted}))
 
     def for_update(self, seeds: Sequence[int], spec: Mapping[str, Any]
                    ) -> dict[int, Factors] | None:
@@ -184,15 +166,13 @@ def seed_cache(worker: Any) -> SeedFactors:
 
 
 def write_member_slots(worker: Any, model: torch.nn.Module, spec: Mapping[str, Any],
-                       members: Sequence[Sequence[Any]], ahead: Sequence[int] = ()
-                       ) -> list[int]:
+                       members: Sequence[Sequence[Any]]) -> list[int]:
     """Write members (slot, seed, scale) into their adapter slots, in the worker: each
     member's factors (engine.lora.member_stack: its seed's, scaled, plus the trained
     adapter's in front of them when `spec["trained"]` names its file) go to the LoRA layers
     in set_lora's layout, the rank zero-padded, in one indexed write per slice
     (_write_slices); tensor-parallel layers go through `set_lora` itself, which shards them
-    as it does for vLLM's own loads. Then the seeds `ahead` (the next step's members here)
-    start drawing in the background. Returns the slots whose request is not registered and
+    as it does for vLLM's own loads. Returns the slots whose request is not registered and
     active here (nothing is written then: the engine registers them and calls again)."""
     import torch
 
@@ -229,7 +209,6 @@ def write_member_slots(worker: Any, model: torch.nn.Module, spec: Mapping[str, A
                 b = [stacks[n][1][j] if n in stacks else None for n in parts]
                 layer.set_lora(index, *((a[0], b[0]) if len(parts) == 1 else (a, b)))
     cpu_lora.weights_changed()
-    cache.draw_ahead(ahead, spec)
     return []
 
 

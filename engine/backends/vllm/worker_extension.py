@@ -163,12 +163,10 @@ class PerturbationWorkerExtension:
         """Merge the low-rank members' update into master and serving weights (fp32)."""
         lora_engine.apply_lora_update(self, _model(self), spec, seeds, coefficients)
 
-    def es_lora_members(self, members: list[list[Any]], spec: dict[str, Any],
-                        ahead: list[int]) -> list[int]:
-        """Write population members (slot, seed, scale) into their LoRA slots and start
-        drawing the seeds `ahead`; returns the slots not registered here
-        (lora_engine.write_member_slots)."""
-        return lora_engine.write_member_slots(self, _model(self), spec, members, ahead)
+    def es_lora_members(self, members: list[list[Any]], spec: dict[str, Any]) -> list[int]:
+        """Write population members (slot, seed, scale) into their LoRA slots; returns the
+        slots not registered here (lora_engine.write_member_slots)."""
+        return lora_engine.write_member_slots(self, _model(self), spec, members)
 
     # ---- checks -----------------------------------------------------------------------------
 
