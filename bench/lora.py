@@ -215,28 +215,27 @@ def main() -> None:
     first = config(args, "full", args.populations[0])
     plain, engine = start(first, None, args)  # the baselines, then full mode
     plain.save_master(INPUT_MASTER)
+    # Both engines stay up to the end: each baseline is measured right after its lora run,
+    # and shutting one engine down tears down vLLM's process-wide parallel state the other
+    # still uses.
+    pool = start(first, max(args.populations), args)[0] if "lora" in args.modes else None
     try:
-        if "lora" in args.modes:  # both engines up: each baseline right after its lora run
-            pool, _ = start(first, max(args.populations), args)
-            try:
-                for population in args.populations:
-                    row, steps = measure(pool, config(args, "lora", population), "lora", args,
-                                         INPUT_MASTER)
-                    rows["lora", population] = row
-                    print(row, flush=True)
-                    bases[population] = Baseline(  # the plain engine is still the input model
-                        [same_tokens_baseline(engine, step, args.baseline_repeats)
-                         for step in steps],
-                        [own_tokens_baseline(engine, step, args) for step in steps])
-                    print(f"baseline N={population}: {bases[population]}", flush=True)
-            finally:
-                pool.shutdown()
-        for population in args.populations:
-            if "full" in args.modes:
-                rows["full", population], _ = measure(
-                    plain, config(args, "full", population), "full", args, INPUT_MASTER)
-                print(rows["full", population], flush=True)
+        for population in args.populations if pool is not None else ():
+            row, steps = measure(pool, config(args, "lora", population), "lora", args,
+                                 INPUT_MASTER)
+            rows["lora", population] = row
+            print(row, flush=True)
+            bases[population] = Baseline(  # the plain engine is still the input model
+                [same_tokens_baseline(engine, step, args.baseline_repeats) for step in steps],
+                [own_tokens_baseline(engine, step, args) for step in steps])
+            print(f"baseline N={population}: {bases[population]}", flush=True)
+        for population in args.populations if "full" in args.modes else ():
+            rows["full", population], _ = measure(
+                plain, config(args, "full", population), "full", args, INPUT_MASTER)
+            print(rows["full", population], flush=True)
     finally:
+        if pool is not None:
+            pool.shutdown()
         plain.shutdown()
     report(args, rows, bases)
 
