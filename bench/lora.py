@@ -4,7 +4,7 @@ mode's efficiency against pure batched generation by the base model of the same 
 
     .venv/bin/python bench/lora.py [--populations 8 32 128] [--prompts 4] [--max-tokens 32]
                                    [--steps 1] [--warmup 1] [--rank 4] [--modes full lora]
-                                   [--baseline-repeats 3]
+                                   [--baseline-repeats 3] [--kv-cache-gib 2]
 
 Each (mode, population) runs the real trainer for warmup + steps ES steps on the conciseness
 task and reports the mean of the measured steps (lora mode writes new members into the
