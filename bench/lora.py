@@ -56,12 +56,15 @@ INPUT_MASTER = "/tmp/eslab-bench-lora/input-master"
 class Row:
     mode: str
     population: int
-    step_s: float
+    step_times: list[float]  # each measured step
     tokens: float
     generation_s: float
     perturb_s: float
     update_s: float
-    step_times: list[float]
+
+    @property
+    def step_s(self) -> float:
+        return float(np.mean(self.step_times))
 
     @property
     def members_per_s(self) -> float:
@@ -135,9 +138,9 @@ def measure(pool: EnginePool, cfg: RunConfig, mode: str, args: argparse.Namespac
     def mean(key: str) -> float:
         return float(np.mean([s.get(key, 0.0) for s in steps]))
 
-    row = Row(mode, cfg.es.population_size, mean(mk.time_key("step")), mean("train/num_tokens"),
-              mean(mk.time_key("generation")), mean(mk.time_key("perturb")),
-              mean(mk.time_key("update")), [s[mk.time_key("step")] for s in steps])
+    row = Row(mode, cfg.es.population_size, [s[mk.time_key("step")] for s in steps],
+              mean("train/num_tokens"), mean(mk.time_key("generation")),
+              mean(mk.time_key("perturb")), mean(mk.time_key("update")))
     return row, generated[args.warmup:]
 
 

@@ -64,4 +64,4 @@ def test_add_rows_adds_logical_rows_in_the_packed_layout(start, rows):
     plain = logical.clone()
     cpu_weights.add_rows_(plain, start, delta, None)
     assert torch.equal(plain, expected)
-    assert cpu_weights._vnni_blocks(960, 576) == (32, 2)
+    assert cpu_weights._vnni_block_rows(960, 576) == 32

@@ -133,10 +133,10 @@ def _vnni_permutation(n: int, k: int) -> torch.Tensor:
 
 
 @functools.cache
-def _vnni_blocks(n: int, k: int) -> tuple[int, int] | None:
-    """(rows, pair) when the packing is blocks of `rows` logical rows, each stored as
-    [k / pair, rows, pair] (SGL's bf16 VNNI layout, rows 32 and pair 2 here): checked against
-    the kernel's own permutation, so a strided view can stand in for it. None otherwise."""
+def _vnni_block_rows(n: int, k: int) -> int | None:
+    """`rows` when the packing is blocks of `rows` logical rows, each stored as
+    [k / 2, rows, 2] (SGL's bf16 VNNI layout, 32 rows here): checked against the kernel's own
+    permutation, so a strided view can stand in for it. None otherwise."""
     import torch
 
     perm = _vnni_permutation(n, k)
@@ -145,7 +145,7 @@ def _vnni_blocks(n: int, k: int) -> tuple[int, int] | None:
             continue
         index = torch.arange(n * k).view(n // rows, rows, k // 2, 2).permute(0, 2, 1, 3)
         if torch.equal(index.reshape(-1), perm):
-            return rows, 2
+            return rows
     return None
 
 
@@ -159,17 +159,16 @@ def add_rows_(live: torch.Tensor, start: int, delta: torch.Tensor,
         live[start:start + delta.shape[0]].add_(delta)
         return
     _, n, k = layout
-    blocks = _vnni_blocks(n, k)
-    if blocks is None or start % blocks[0] or delta.shape[0] % blocks[0]:
+    rows = _vnni_block_rows(n, k)
+    if rows is None or start % rows or delta.shape[0] % rows:
         logical = delta.new_zeros(n, k)
         logical[start:start + delta.shape[0]] = delta
         live.view(-1).add_(to_live(logical, layout).view(-1))
         return
-    rows, pair = blocks
-    packed = live.view(n // rows, k // pair, rows, pair)
+    packed = live.view(n // rows, k // 2, rows, 2)
     first = start // rows
     packed[first:first + delta.shape[0] // rows].add_(
-        delta.view(-1, rows, k // pair, pair).permute(0, 2, 1, 3))
+        delta.view(-1, rows, k // 2, 2).permute(0, 2, 1, 3))
 
 
 def layout_of(param: torch.Tensor) -> tuple[str, int, int] | None:

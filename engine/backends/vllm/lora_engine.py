@@ -134,9 +134,12 @@ class SeedFactors:
     def take(self, seeds: Sequence[int], spec: Mapping[str, Any]) -> dict[int, Factors]:
         """The factors of `seeds`, drawn now on a thread per core (drawing releases the GIL),
         which become the current ones."""
+        rank, scales, targets = _parse_spec(spec)
         wanted = list(dict.fromkeys(int(s) for s in seeds))
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-            drawn = list(pool.map(functools.partial(_draw, spec), wanted))
+            drawn = list(pool.map(
+                functools.partial(seed_factors, targets=targets, rank=rank, scales=scales),
+                wanted))
         self.key, self.current = _draw_key(spec), dict(zip(wanted, drawn, strict=True))
         return self.current
 
@@ -151,11 +154,6 @@ class SeedFactors:
 def _draw_key(spec: Mapping[str, Any]) -> str:
     """What seed_factors depend on besides the seed (not the trained adapter)."""
     return json.dumps([spec["rank"], spec["targets"], spec["scales"]], sort_keys=True)
-
-
-def _draw(spec: Mapping[str, Any], seed: int) -> Factors:
-    rank, scales, targets = _parse_spec(spec)
-    return seed_factors(seed, targets, rank, scales)
 
 
 def seed_cache(worker: Any) -> SeedFactors:
