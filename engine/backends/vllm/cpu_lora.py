@@ -267,8 +267,7 @@ def sgmv_expand_slice(inputs, lora_b_weights, output_tensor, b_seq_start_loc, se
 
 
 _weights_version = 0
-_fused_cache: dict[int, tuple[Any, tuple[int, ...], tuple[int, torch.Tensor,
-                                                          list[torch.Tensor]]]] = {}
+_fused_cache: dict[int, tuple[Any, tuple[Any, ...], tuple[int, torch.Tensor, torch.Tensor]]] = {}
 
 
 def weights_changed() -> None:
@@ -278,22 +277,30 @@ def weights_changed() -> None:
     _weights_version += 1
 
 
-def _fused_weights(a_stacked: tuple[torch.Tensor, ...], b_stacked: tuple[torch.Tensor, ...]
-                   ) -> tuple[int, torch.Tensor, list[torch.Tensor]]:
-    """(r, A^T of all slices [L, in, S*r], B^T per slice [L, r, out]) of a layer's stacked
-    buffers, rebuilt only after its slots changed. r is the highest rank any slot uses, not
-    the served maximum: vLLM pads a rank-4 population to rank 8, whose zero rows cost half
-    of every shrink and expand. Contiguous transposed copies are the layout CPU bmm is
-    fastest with (0.25 against 0.37 ms for q/k/v of 32 adapters x 4 tokens, measured)."""
+def _fused_weights(a_stacked: tuple[torch.Tensor, ...], b_stacked: tuple[torch.Tensor, ...],
+                   output_slices: tuple[int, ...]) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """(r, A^T of all slices [L, in, S*r], B^T of all slices block-diagonal
+    [L, S*r, sum(output_slices)]) of a layer's stacked buffers, rebuilt only after its slots
+    changed. r is the highest rank any slot uses, not the served maximum: vLLM pads a rank-4
+    population to rank 8, whose zero rows cost half of every shrink and expand. With B
+    block-diagonal one matmul adds every slice's product to contiguous output rows; per
+    slice, into a strided column slice, it took 94 against 61 us for 77 tokens of gate/up
+    and 86 against 31 us of q/k/v (measured; the zero blocks cost rank-sized products).
+    Contiguous transposed copies are the layout CPU bmm is fastest with."""
     key = id(a_stacked[0])
-    version = (_weights_version, *(_tensor_version(t) for t in (*a_stacked, *b_stacked)))
+    version = (_weights_version, output_slices,
+               *(_tensor_version(t) for t in (*a_stacked, *b_stacked)))
     hit = _fused_cache.get(key)
     if hit is not None and hit[0]() is a_stacked[0] and hit[1] == version:
         return hit[2]
     used = [torch.nonzero(a.flatten(0, 1).abs().amax(dim=(0, 2))).flatten() for a in a_stacked]
     rank = max((int(u.max()) + 1 for u in used if u.numel()), default=1)
     a_t = torch.cat([a.flatten(0, 1)[:, :rank] for a in a_stacked], 1).mT.contiguous()
-    b_t = [b.flatten(0, 1)[..., :rank].mT.contiguous() for b in b_stacked]
+    b_t = b_stacked[0].new_zeros(a_t.shape[0], len(b_stacked) * rank, sum(output_slices))
+    offset = 0
+    for s, (b, size) in enumerate(zip(b_stacked, output_slices, strict=True)):
+        b_t[:, s * rank:(s + 1) * rank, offset:offset + size] = b.flatten(0, 1)[:, :size, :rank].mT
+        offset += size
     _fused_cache[key] = (weakref.ref(a_stacked[0]), version, (rank, a_t, b_t))
     return rank, a_t, b_t
 
@@ -312,47 +319,35 @@ def add_lora_linear(self: Any, y: torch.Tensor, x: torch.Tensor,
     """PunicaWrapperCPU.add_lora_linear with all slices of a fused layer (q, k, v or gate,
     up) at once: y[t] += scale * x[t] A_s B_s for each slice s of token t's adapter.
 
-    One shrink for all slices (their A stacked), then per slice an expand added straight
-    into y's columns by baddbmm_. Tokens in blocks (see _blocks) are read and written in
-    place as [adapters, rows, features] views; scattered tokens are gathered into a padded
-    batch first and their products added back row by row. `bench/lora_kernels.py` (one
-    thread, 32 adapters of rank 4 in rank-8 slots, the four linear layers of a decoder
-    layer): a 128-token decode step 4.2 ms through the per-slice kernels, 1.4 ms fused; a
-    4,800-token prefill chunk 95 ms against 7.7 ms."""
+    One shrink for all slices (their A stacked), then one expand by the slices' B
+    block-diagonal, added straight into y's rows by baddbmm_. Tokens in blocks (see
+    _blocks) are read and written in place as [adapters, rows, features] views; scattered
+    tokens are gathered into a padded batch first and their products added back row by
+    row. `bench/lora_kernels.py` (one thread, 32 adapters of rank 4 in rank-8 slots, the
+    four linear layers of a decoder layer): a 128-token decode step 2.95 ms through the
+    per-slice kernels, 0.98 ms fused; a 4,800-token prefill chunk 88 ms against 6.3 ms."""
     plan = _plan(self.token_lora_indices)
     if plan is None:
         return
-    rank, a_t, b_t = _fused_weights(lora_a_stacked, lora_b_stacked)
-    flat = y.view(-1, y.shape[-1])
+    _, a_t, b_t = _fused_weights(lora_a_stacked, lora_b_stacked, output_slices)
+    flat = y.view(-1, y.shape[-1])[:, :b_t.shape[-1]]
     for block in plan.blocks:
         groups = block.adapters.numel()
         inputs = x.view(-1, x.shape[-1])[block.tokens].view(groups, block.rows, -1)
         shrunk = _scaled(torch.bmm(inputs, block.take(a_t).to(x.dtype)), scale)
-        out = flat[block.tokens].view(groups, block.rows, -1)
-        _expand_slices(out, shrunk, [block.take(b) for b in b_t], rank, output_slices)
+        out = flat[block.tokens].unflatten(0, (groups, block.rows))
+        out.baddbmm_(shrunk.to(y.dtype), block.take(b_t).to(y.dtype))
     rest = plan.rest
     if rest is not None:
-        groups = rest.adapters.numel()
         shrunk = _scaled(torch.bmm(_padded(x, rest), _selected(a_t, rest).to(x.dtype)), scale)
-        out = torch.zeros(groups, rest.rows, flat.shape[1], dtype=y.dtype)
-        _expand_slices(out, shrunk, [_selected(b, rest) for b in b_t], rank, output_slices)
-        _add_rows(flat, out.view(groups * rest.rows, -1), rest)
+        out = torch.bmm(shrunk.to(y.dtype), _selected(b_t, rest).to(y.dtype))
+        _add_rows(flat, out.view(-1, out.shape[-1]), rest)
 
 
 def _scaled(shrunk: torch.Tensor, scale: float) -> torch.Tensor:
     """shrunk * scale in place; vLLM passes 1.0 (its B already carries alpha / r), then it
     is left as it is (a multiply per layer call)."""
     return shrunk if scale == 1.0 else shrunk.mul_(scale)
-
-
-def _expand_slices(out: torch.Tensor, shrunk: torch.Tensor, b_t: list[torch.Tensor],
-                   rank: int, output_slices: tuple[int, ...]) -> None:
-    """out[..., slice s] += shrunk[..., rank block s] x B_s^T, in out's dtype."""
-    offset = 0
-    for s, (b, size) in enumerate(zip(b_t, output_slices, strict=True)):
-        out[..., offset:offset + size].baddbmm_(shrunk[..., s * rank:(s + 1) * rank].to(out.dtype),
-                                                b[..., :size].to(out.dtype))
-        offset += size
 
 
 def _add_rows(out: torch.Tensor, products: torch.Tensor, plan: _Plan) -> None:
