@@ -267,7 +267,7 @@ def sgmv_expand_slice(inputs, lora_b_weights, output_tensor, b_seq_start_loc, se
 
 
 _weights_version = 0
-_fused_cache: dict[int, tuple[Any, tuple[Any, ...], tuple[int, torch.Tensor, torch.Tensor]]] = {}
+_fused_cache: dict[int, tuple[Any, tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]]] = {}
 
 
 def weights_changed() -> None:
@@ -278,8 +278,8 @@ def weights_changed() -> None:
 
 
 def _fused_weights(a_stacked: tuple[torch.Tensor, ...], b_stacked: tuple[torch.Tensor, ...],
-                   output_slices: tuple[int, ...]) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """(r, A^T of all slices [L, in, S*r], B^T of all slices block-diagonal
+                   output_slices: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A^T of all slices [L, in, S*r], B^T of all slices block-diagonal
     [L, S*r, sum(output_slices)]) of a layer's stacked buffers, rebuilt only after its slots
     changed. r is the highest rank any slot uses, not the served maximum: vLLM pads a rank-4
     population to rank 8, whose zero rows cost half of every shrink and expand. With B
@@ -301,8 +301,8 @@ def _fused_weights(a_stacked: tuple[torch.Tensor, ...], b_stacked: tuple[torch.T
     for s, (b, size) in enumerate(zip(b_stacked, output_slices, strict=True)):
         b_t[:, s * rank:(s + 1) * rank, offset:offset + size] = b.flatten(0, 1)[:, :size, :rank].mT
         offset += size
-    _fused_cache[key] = (weakref.ref(a_stacked[0]), version, (rank, a_t, b_t))
-    return rank, a_t, b_t
+    _fused_cache[key] = (weakref.ref(a_stacked[0]), version, (a_t, b_t))
+    return a_t, b_t
 
 
 def _tensor_version(t: torch.Tensor) -> int:
@@ -329,7 +329,7 @@ def add_lora_linear(self: Any, y: torch.Tensor, x: torch.Tensor,
     plan = _plan(self.token_lora_indices)
     if plan is None:
         return
-    _, a_t, b_t = _fused_weights(lora_a_stacked, lora_b_stacked, output_slices)
+    a_t, b_t = _fused_weights(lora_a_stacked, lora_b_stacked, output_slices)
     flat = y.view(-1, y.shape[-1])[:, :b_t.shape[-1]]
     for block in plan.blocks:
         groups = block.adapters.numel()
