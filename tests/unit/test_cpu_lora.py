@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.backends.vllm import cpu_lora
+from engine.backends.vllm import cpu_features, cpu_lora, cpu_lora_native
 
 torch_ops = pytest.importorskip("vllm.lora.ops.torch_ops")
 
@@ -74,36 +74,74 @@ def test_a_reused_plan_follows_indices_changed_in_place():
     assert torch.count_nonzero(second[2]) == 0
 
 
+@pytest.fixture
+def torch_path(monkeypatch):
+    """add_lora_linear as on a machine without a C compiler: the per-token kernel is absent."""
+    monkeypatch.setattr(cpu_lora_native, "kernel", lambda: None)
+    monkeypatch.setattr(cpu_lora, "_last_plan", None)
+
+
 @pytest.mark.parametrize("lowest", [-1, 0], ids=["some-base-tokens", "all-adapters"])
 @pytest.mark.parametrize(("dtype", "ops"), [(torch.float32, torch_ops),
                                             (torch.bfloat16, cpu_lora)])
-def test_fused_slices_match_vllms_shrink_and_expand_per_slice(dtype, ops, lowest):
+def test_fused_slices_match_vllms_shrink_and_expand_per_slice(dtype, ops, lowest, torch_path):
     """add_lora_linear (q, k, v of one layer at once) against vLLM's semantics: per slice, a
     float32 shrink, then an expand added into y's column slice; -1 tokens untouched. In bf16
     against the per-slice grouped kernels: vLLM's torch ops round the float32 shrink to bf16
     before the expand, which the grouped kernels (and the fused one) do not."""
-    g = torch.Generator().manual_seed(1)
-    tokens, adapters, rank, width, slices = 29, 6, 8, 24, (24, 8, 8)
-    x = torch.randn(tokens, width, generator=g).to(dtype)
-    a = tuple(torch.randn(adapters, 1, rank, width, generator=g).to(dtype) for _ in slices)
-    b = tuple(torch.randn(adapters, 1, size, rank, generator=g).to(dtype) for size in slices)
-    indices = torch.randint(lowest, adapters, (tokens,), generator=g)
-    y0 = torch.randn(tokens, sum(slices), generator=g).to(dtype)
-
+    x, a, b, indices, y0, slices = _fused_case(dtype, lowest)
     used = indices >= 0  # vLLM's torch ops would index adapter -1 (the last): leave them out
     part, offset = y0[used].clone(), 0
     for a_s, b_s, size in zip(a, b, slices, strict=True):
-        buffer = torch.zeros(int(used.sum()), rank)
+        buffer = torch.zeros(int(used.sum()), a_s.shape[2])
         ops.bgmv_shrink(x[used], a_s, buffer, indices[used], 0.25)
         ops.bgmv_expand_slice(buffer, b_s, part, indices[used], offset, size, True)
         offset += size
     expected = y0.clone()
     expected[used] = part
-    wrapper = type("Wrapper", (), {"token_lora_indices": indices})()
-    ours = y0.clone()
-    cpu_lora.add_lora_linear(wrapper, ours, x, a, b, 0.25, slices)
+    ours = _add_lora_linear(x, a, b, indices, y0, slices)
     torch.testing.assert_close(ours, expected)
     assert torch.equal(ours[indices < 0], y0[indices < 0])
+
+
+@pytest.mark.parametrize("lowest", [-1, 0], ids=["some-base-tokens", "all-adapters"])
+@pytest.mark.parametrize("width", [24, 40], ids=["whole-vectors", "vector-tails"])
+def test_the_per_token_kernel_rounds_the_exact_sum_once(lowest, width):
+    """The C kernel (built here: CI has a compiler) takes decode-like bf16 tokens: each y
+    entry is the fp32 sum of y, shrink and expand rounded to bf16 once, so it is within half
+    a bf16 step (2^-8 relative) of the exact value; -1 tokens and columns past the slices
+    are untouched. Widths that are not a multiple of the vector length take the tails."""
+    assert cpu_lora_native.kernel() is not None
+    cpu_lora._last_plan = None
+    x, a, b, indices, y0, slices = _fused_case(torch.bfloat16, lowest, width)
+    wide = torch.cat([y0, torch.ones(y0.shape[0], 3, dtype=y0.dtype)], 1)
+    ours = _add_lora_linear(x, a, b, indices, wide, slices)
+    assert cpu_lora._plan(indices).blocks == ()
+    terms = [torch.einsum("ti,tri,tor->to", x.float(), a_s.float()[indices, 0],
+                          b_s.float()[indices, 0]) for a_s, b_s in zip(a, b, strict=True)]
+    exact = y0.float() + 0.25 * torch.cat(terms, 1)
+    used = indices >= 0
+    error = (ours[used, :-3].float() - exact[used]).abs()
+    assert (error <= exact[used].abs() * 2**-8).all()
+    assert torch.equal(ours[~used], wide[~used]) and torch.equal(ours[:, -3:], wide[:, -3:])
+
+
+def _fused_case(dtype, lowest, width=24):
+    g = torch.Generator().manual_seed(1)
+    tokens, adapters, rank, slices = 29, 6, 8, (width, 8, 8)
+    x = torch.randn(tokens, width, generator=g).to(dtype)
+    a = tuple(torch.randn(adapters, 1, rank, width, generator=g).to(dtype) for _ in slices)
+    b = tuple(torch.randn(adapters, 1, size, rank, generator=g).to(dtype) for size in slices)
+    indices = torch.randint(lowest, adapters, (tokens,), generator=g)
+    y0 = torch.randn(tokens, sum(slices), generator=g).to(dtype)
+    return x, a, b, indices, y0, slices
+
+
+def _add_lora_linear(x, a, b, indices, y0, slices):
+    wrapper = type("Wrapper", (), {"token_lora_indices": indices})()
+    y = y0.clone()
+    cpu_lora.add_lora_linear(wrapper, y, x, a, b, 0.25, slices)
+    return y
 
 
 @pytest.mark.parametrize("tokens", [12, 400], ids=["decode-sized", "prefill-sized"])
@@ -120,7 +158,9 @@ def test_bf16_lora_matches_fp32_math_within_bf16_rounding(tokens):
 def test_blocked_tokens_give_what_the_gathered_path_gives(monkeypatch):
     """Prefill-like indices (runs of one adapter, a cut run at each end) take the in-place
     block path, with rank trimmed to the rows any slot uses; the result equals the gathered
-    path's, and weights written later are seen once weights_changed() is called."""
+    path's, and weights written later are seen once weights_changed() is called. Blocks
+    are formed where the CPU multiplies bf16 in hardware (else the C kernel takes all)."""
+    monkeypatch.setattr(cpu_features, "bf16_matmul_in_hardware", lambda: True)
     g = torch.Generator().manual_seed(3)
     adapters, rank, width, slices = 6, 8, 32, (32, 16)
     a = tuple(torch.zeros(adapters, 1, rank, width) for _ in slices)
@@ -155,7 +195,7 @@ def test_blocked_tokens_give_what_the_gathered_path_gives(monkeypatch):
     torch.testing.assert_close(blocked, expected, rtol=1e-4, atol=1e-4)
     a[0][0, 0, 7] = 1.0  # a slot written in place, now of rank 8
     cpu_lora.weights_changed()
-    assert cpu_lora._fused_weights(a, b, slices)[0].shape[-1] == 8 * len(slices)  # S x r
+    assert cpu_lora._fused_weights(a, b, slices).a_t.shape[-1] == 8 * len(slices)  # S x r
 
 
 def test_short_runs_are_gathered_unless_one_block_holds_every_token():

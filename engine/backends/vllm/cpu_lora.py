@@ -12,10 +12,13 @@ adapter, padded into [adapters, tokens per adapter, in] and multiplied with the 
 weights (a view of vLLM's stacked buffers, not a copy) by `torch.bmm`, so each adapter's
 weights are read once per call (1.8 to 14 ms for the cases above). `add_lora_linear`, the
 path of every linear layer, does all slices of a fused layer (q/k/v, gate/up) at once, on
-weights re-laid out and trimmed to the rank in use once per change of the slots, and reads
-and writes runs of one adapter's tokens in place. Tokens without an adapter (index -1) get
-no LoRA term. They are installed into vLLM's CPU punica wrapper when the worker extension
-module is imported, like cpu_weights; on GPUs vLLM uses its own kernels and nothing changes.
+weights re-laid out and trimmed to the rank in use once per change of the slots; decode
+tokens, a few per adapter, go to a per-token C kernel (cpu_lora_tokens.c, built by
+cpu_lora_native), and so do prefill's long runs of one adapter unless the CPU multiplies
+bf16 in hardware, where torch's bmm reads and writes them in place. Tokens without an
+adapter (index -1) get no LoRA term. They are installed into vLLM's CPU punica wrapper when
+the worker extension module is imported, like cpu_weights; on GPUs vLLM uses its own kernels
+and nothing changes.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+
+from engine.backends.vllm import cpu_features, cpu_lora_native
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,7 @@ class _Plan:
     first_slots: bool  # the adapters are slots 0..G-1: their weights are a view, not a copy
     blocks: tuple[_Block, ...] = ()  # add_lora_linear: tokens read and written in place
     rest: _Plan | None = None  # add_lora_linear: the plan of the tokens outside the blocks
+    rest_indices: torch.Tensor | None = None  # [T] their indices, -1 in the blocks
 
 
 @dataclass(frozen=True)
@@ -68,10 +74,11 @@ MAX_BLOCKS = 16
 """Blocks a step's tokens may form; the runs beyond are gathered."""
 
 MIN_RUN_TOKENS = 32
-"""Runs of one adapter shorter than this are gathered (unless one block holds every token,
-a decode step before sequences finish): a block costs a few small ops per layer slice, a
-gathered token about 4 us per layer (measured; 126 decode tokens in 5 blocks took 1.28 ms
-for q/k/v against 0.65 ms gathered)."""
+"""Runs of one adapter shorter than this go to the per-token kernel (cpu_lora_tokens.c), or
+without it are gathered (unless one block holds every token, a decode step before sequences
+finish): a block costs a few small ops per layer slice, a gathered token about 4 us per
+layer (measured; 126 decode tokens in 5 blocks took 1.28 ms for q/k/v against 0.65 ms
+gathered)."""
 
 
 _last_plan: tuple[tuple[torch.Tensor, ...], _Plan | None] | None = None
@@ -89,8 +96,17 @@ def _plan(*key: torch.Tensor) -> _Plan | None:
     indices = key[0] if len(key) == 1 else torch.repeat_interleave(key[0], key[1])
     plan = _gathered(indices)
     if plan is not None:
-        blocks, rest = _blocks(indices)
-        plan = replace(plan, blocks=blocks, rest=_gathered(rest) if blocks else plan)
+        if cpu_lora_native.kernel() is None:
+            blocks, rest = _blocks(indices)
+        elif cpu_features.bf16_matmul_in_hardware():
+            # torch's bmm beats the kernel on prefill's long runs (4,800 tokens of a decoder
+            # layer: 6.3 ms on an AMX CPU); emulated, it loses by 10x (bench/lora_kernels.py)
+            blocks, rest = _blocks(indices, one_block=False)
+        else:
+            blocks, rest = (), indices
+        plan = replace(plan, blocks=blocks, rest=_gathered(rest) if blocks else plan,
+                       rest_indices=rest.long().contiguous() if bool((rest >= 0).any())
+                       else None)
     _last_plan = (tuple(k.clone() for k in key), plan)
     return plan
 
@@ -116,12 +132,13 @@ def _gathered(indices: torch.Tensor) -> _Plan | None:
                  first_slots=int(adapters[-1]) == adapters.numel() - 1)
 
 
-def _blocks(indices: torch.Tensor) -> tuple[tuple[_Block, ...], torch.Tensor]:
+def _blocks(indices: torch.Tensor, one_block: bool = True
+            ) -> tuple[tuple[_Block, ...], torch.Tensor]:
     """Blocks of adjacent runs of equal length of one adapter each, and the indices of the
     tokens left to gather (-1 where a block has them). Runs shorter than MIN_RUN_TOKENS are
-    left, unless one block holds every token. A population's prompts arrive member by
-    member, so a prefill chunk is a few blocks (a cut member at each end) and a decode step
-    one block until sequences start to finish."""
+    left, unless `one_block` and one block holds every token. A population's prompts arrive
+    member by member, so a prefill chunk is a few blocks (a cut member at each end) and a
+    decode step one block until sequences start to finish."""
     change = torch.ones(indices.numel(), dtype=torch.bool)
     change[1:] = indices[1:] != indices[:-1]
     starts = torch.nonzero(change).flatten().tolist()
@@ -129,7 +146,7 @@ def _blocks(indices: torch.Tensor) -> tuple[tuple[_Block, ...], torch.Tensor]:
     runs = [(bounds[i], bounds[i + 1] - bounds[i], adapter)
             for i, adapter in enumerate(indices[starts].tolist()) if adapter >= 0]
     grouped = _group_runs(runs)
-    if len(grouped) > 1:  # else one block holds every token with an adapter
+    if len(grouped) > 1 or not one_block:  # else one block holds every token with an adapter
         grouped = _group_runs([run for run in runs if run[1] >= MIN_RUN_TOKENS])[:MAX_BLOCKS]
     blocks = tuple(_Block(g[0], g[1], torch.tensor(g[2:]), _first_of_range(g[2:]))
                    for g in grouped)
@@ -266,8 +283,19 @@ def sgmv_expand_slice(inputs, lora_b_weights, output_tensor, b_seq_start_loc, se
                       add_inputs, key=(lora_indices_tensor, seq_len_tensor))
 
 
+@dataclass(frozen=True)
+class _Fused:
+    """A layer's adapter weights with all slices together, trimmed to `rank` per slice."""
+
+    a_rows: torch.Tensor  # [L, S*r, in] A of every slice (the per-token kernel's layout)
+    a_t: torch.Tensor  # [L, in, S*r] its transpose, contiguous (bmm's fastest layout)
+    b_t: torch.Tensor  # [L, S*r, sum(output_slices)] B^T of the slices, block-diagonal
+    bounds: torch.Tensor  # [S + 1] the first output column of each slice, then the end
+    rank: int
+
+
 _weights_version = 0
-_fused_cache: dict[int, tuple[Any, tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]]] = {}
+_fused_cache: dict[int, tuple[Any, tuple[Any, ...], _Fused]] = {}
 
 
 def weights_changed() -> None:
@@ -278,10 +306,9 @@ def weights_changed() -> None:
 
 
 def _fused_weights(a_stacked: tuple[torch.Tensor, ...], b_stacked: tuple[torch.Tensor, ...],
-                   output_slices: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(A^T of all slices [L, in, S*r], B^T of all slices block-diagonal
-    [L, S*r, sum(output_slices)]) of a layer's stacked buffers, rebuilt only after its slots
-    changed. r is the highest rank any slot uses, not the served maximum: vLLM pads a rank-4
+                   output_slices: tuple[int, ...]) -> _Fused:
+    """A layer's stacked buffers fused (see _Fused), rebuilt only after its slots changed.
+    r is the highest rank any slot uses, not the served maximum: vLLM pads a rank-4
     population to rank 8, whose zero rows cost half of every shrink and expand. With B
     block-diagonal one matmul adds every slice's product to contiguous output rows; per
     slice, into a strided column slice, it took 94 against 61 us for 77 tokens of gate/up
@@ -295,14 +322,16 @@ def _fused_weights(a_stacked: tuple[torch.Tensor, ...], b_stacked: tuple[torch.T
         return hit[2]
     used = [torch.nonzero(a.flatten(0, 1).abs().amax(dim=(0, 2))).flatten() for a in a_stacked]
     rank = max((int(u.max()) + 1 for u in used if u.numel()), default=1)
-    a_t = torch.cat([a.flatten(0, 1)[:, :rank] for a in a_stacked], 1).mT.contiguous()
-    b_t = b_stacked[0].new_zeros(a_t.shape[0], len(b_stacked) * rank, sum(output_slices))
+    a_rows = torch.cat([a.flatten(0, 1)[:, :rank] for a in a_stacked], 1).contiguous()
+    b_t = b_stacked[0].new_zeros(a_rows.shape[0], len(b_stacked) * rank, sum(output_slices))
     offset = 0
     for s, (b, size) in enumerate(zip(b_stacked, output_slices, strict=True)):
         b_t[:, s * rank:(s + 1) * rank, offset:offset + size] = b.flatten(0, 1)[:, :size, :rank].mT
         offset += size
-    _fused_cache[key] = (weakref.ref(a_stacked[0]), version, (a_t, b_t))
-    return a_t, b_t
+    bounds = torch.cumsum(torch.tensor((0, *output_slices)), 0)
+    fused = _Fused(a_rows, a_rows.mT.contiguous(), b_t, bounds, rank)
+    _fused_cache[key] = (weakref.ref(a_stacked[0]), version, fused)
+    return fused
 
 
 def _tensor_version(t: torch.Tensor) -> int:
@@ -319,29 +348,36 @@ def add_lora_linear(self: Any, y: torch.Tensor, x: torch.Tensor,
     """PunicaWrapperCPU.add_lora_linear with all slices of a fused layer (q, k, v or gate,
     up) at once: y[t] += scale * x[t] A_s B_s for each slice s of token t's adapter.
 
-    One shrink for all slices (their A stacked), then one expand by the slices' B
-    block-diagonal, added straight into y's rows by baddbmm_. Tokens in blocks (see
-    _blocks) are read and written in place as [adapters, rows, features] views; scattered
-    tokens are gathered into a padded batch first and their products added back row by
-    row. `bench/lora_kernels.py` (one thread, 32 adapters of rank 4 in rank-8 slots, the
-    four linear layers of a decoder layer): a 128-token decode step 2.95 ms through the
-    per-slice kernels, 0.98 ms fused; a 4,800-token prefill chunk 88 ms against 6.3 ms."""
+    Long runs of one adapter's tokens (prefill) form blocks, read and written in place as
+    [adapters, rows, features] views: one shrink for all slices (their A stacked), then one
+    expand by the slices' B block-diagonal, added straight into y's rows by baddbmm_. The
+    other tokens (decode steps) go to the per-token kernel (cpu_lora_tokens.c) in bf16, or
+    without it are gathered into a padded batch and their products added back row by row.
+    `bench/lora_kernels.py` measures the cases."""
     plan = _plan(self.token_lora_indices)
     if plan is None:
         return
-    a_t, b_t = _fused_weights(lora_a_stacked, lora_b_stacked, output_slices)
+    fused = _fused_weights(lora_a_stacked, lora_b_stacked, output_slices)
+    a_t, b_t = fused.a_t, fused.b_t
     flat = y.view(-1, y.shape[-1])[:, :b_t.shape[-1]]
+    inputs = x.view(-1, x.shape[-1])
     for block in plan.blocks:
         groups = block.adapters.numel()
-        inputs = x.view(-1, x.shape[-1])[block.tokens].view(groups, block.rows, -1)
-        shrunk = _scaled(torch.bmm(inputs, block.take(a_t).to(x.dtype)), scale)
+        rows = inputs[block.tokens].view(groups, block.rows, -1)
+        shrunk = _scaled(torch.bmm(rows, block.take(a_t).to(x.dtype)), scale)
         out = flat[block.tokens].unflatten(0, (groups, block.rows))
         out.baddbmm_(shrunk.to(y.dtype), block.take(b_t).to(y.dtype))
+    if plan.rest_indices is None:
+        return
+    kernel = cpu_lora_native.kernel()
+    if kernel is not None and x.dtype == y.dtype == a_t.dtype == b_t.dtype == torch.bfloat16:
+        kernel(flat, inputs[:plan.rest_indices.numel()], plan.rest_indices, fused.a_rows, b_t,
+               fused.bounds, fused.rank, scale)
+        return
     rest = plan.rest
-    if rest is not None:
-        shrunk = _scaled(torch.bmm(_padded(x, rest), _selected(a_t, rest).to(x.dtype)), scale)
-        out = torch.bmm(shrunk.to(y.dtype), _selected(b_t, rest).to(y.dtype))
-        _add_rows(flat, out.view(-1, out.shape[-1]), rest)
+    shrunk = _scaled(torch.bmm(_padded(x, rest), _selected(a_t, rest).to(x.dtype)), scale)
+    out = torch.bmm(shrunk.to(y.dtype), _selected(b_t, rest).to(y.dtype))
+    _add_rows(flat, out.view(-1, out.shape[-1]), rest)
 
 
 def _scaled(shrunk: torch.Tensor, scale: float) -> torch.Tensor:
