@@ -109,20 +109,26 @@ def test_fused_slices_match_vllms_shrink_and_expand_per_slice(dtype, ops, lowest
 def test_the_per_token_kernel_rounds_the_exact_sum_once(lowest, width):
     """The C kernel (built here: CI has a compiler) takes decode-like bf16 tokens: each y
     entry is the fp32 sum of y, shrink and expand rounded to bf16 once, so it is within half
-    a bf16 step (2^-8 relative) of the exact value; -1 tokens and columns past the slices
-    are untouched. Widths that are not a multiple of the vector length take the tails."""
+    a bf16 step (2^-8 relative) of the exact value, give or take fp32 rounding; -1 tokens
+    and columns past the slices are untouched. Widths that are not a multiple of the vector
+    length take the tails."""
     assert cpu_lora_native.kernel() is not None
     cpu_lora._last_plan = None
     x, a, b, indices, y0, slices = _fused_case(torch.bfloat16, lowest, width)
     wide = torch.cat([y0, torch.ones(y0.shape[0], 3, dtype=y0.dtype)], 1)
     ours = _add_lora_linear(x, a, b, indices, wide, slices)
     assert cpu_lora._plan(indices).blocks == ()
-    terms = [torch.einsum("ti,tri,tor->to", x.float(), a_s.float()[indices, 0],
-                          b_s.float()[indices, 0]) for a_s, b_s in zip(a, b, strict=True)]
-    exact = y0.float() + 0.25 * torch.cat(terms, 1)
+    def lora_term(f):
+        return 0.25 * torch.cat([torch.einsum("ti,tri,tor->to", f(x), f(a_s)[indices, 0],
+                                              f(b_s)[indices, 0])
+                                 for a_s, b_s in zip(a, b, strict=True)], 1)
+
+    exact = y0.float() + lora_term(lambda t: t.float())
+    magnitude = y0.float().abs() + lora_term(lambda t: t.float().abs())
     used = indices >= 0
     error = (ours[used, :-3].float() - exact[used]).abs()
-    assert (error <= exact[used].abs() * 2**-8).all()
+    # fp32 sums in another order differ by ~1e-8 of the terms' magnitude
+    assert (error <= exact[used].abs() * 2**-8 + 1e-6 * magnitude[used]).all()
     assert torch.equal(ours[~used], wide[~used]) and torch.equal(ours[:, -3:], wide[:, -3:])
 
 
