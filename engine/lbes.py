@@ -147,13 +147,17 @@ def filter_rewards(rewards: np.ndarray, cfg: LbesConfig, tiebreak: TieBreak) -> 
 
 
 def _pearson(x: np.ndarray, y: np.ndarray) -> float:
-    """Pearson correlation as the reference computes it; NaN when either side is constant."""
+    """Pearson correlation as the reference computes it; NaN when either side is constant.
+    Clipped to [-1, 1]: two samples a prompt (top_k 1 + bottom_k 1) correlate exactly +-1,
+    which the floating-point quotient can overshoot by an ulp (1.0000000000000002 seen)."""
     if x.size == 0:
         return float("nan")
     xc = x - np.mean(x)
     yc = y - np.mean(y)
     denominator = np.sqrt(np.sum(xc**2)) * np.sqrt(np.sum(yc**2))
-    return float(np.sum(xc * yc) / denominator) if denominator != 0.0 else float("nan")
+    if denominator == 0.0:
+        return float("nan")
+    return float(np.clip(np.sum(xc * yc) / denominator, -1.0, 1.0))
 
 
 def correlation(rewards: np.ndarray, loglik: np.ndarray, kept: np.ndarray, flat: bool) -> float:

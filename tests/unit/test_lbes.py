@@ -307,3 +307,12 @@ def test_member_correlations_and_their_advantages():
 def test_correlation_shape_mismatch():
     with pytest.raises(ValueError, match="shapes differ"):
         correlation(np.zeros((2, 3)), np.zeros((3, 2)), np.ones((2, 3), bool), flat=True)
+
+
+def test_two_samples_a_prompt_correlate_within_one():
+    """Two points correlate exactly +-1; the raw quotient overshoots for about a fifth of
+    random pairs (1.0000000000000002), which the fitness range must not show."""
+    rng = np.random.default_rng(0)
+    values = [correlation(rng.normal(size=(1, 2)), rng.normal(size=(1, 2)) * 37.0,
+                          np.ones((1, 2), dtype=bool), flat=False) for _ in range(200)]
+    assert all(1.0 - 1e-12 < abs(v) <= 1.0 for v in values)
