@@ -60,6 +60,19 @@ def test_logical_binding_reads_the_parameter(hardware_bf16, monkeypatch):
     assert cpu_weights.layout_of(layer.weight) is None
 
 
+def test_fp32_linear_rows_do_not_depend_on_the_batch():
+    """A row's output is the same alone, in a short batch or in a long one (MKL rounds
+    short odd batches differently; see BATCH_INVARIANT_ROWS)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 576, generator=g).bfloat16()
+    weight = torch.randn(1536, 576, generator=g).bfloat16()
+    whole = cpu_weights._linear_in_fp32(x, weight, None)
+    for start, count in [(0, 1), (3, 2), (5, 3), (7, 5), (9, 6), (11, 9), (2, 13)]:
+        part = cpu_weights._linear_in_fp32(x[start:start + count], weight, None)
+        assert torch.equal(part, whole[start:start + count]), (start, count)
+    assert cpu_weights._linear_in_fp32(x.view(4, 10, 576), weight, None).shape == (4, 10, 1536)
+
+
 @needs_packing
 @pytest.mark.parametrize(("start", "rows"), [(0, 960), (576, 192), (768, 192), (16, 48)])
 def test_add_rows_adds_logical_rows_in_the_packed_layout(start, rows):
