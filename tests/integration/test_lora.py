@@ -106,6 +106,8 @@ def test_merged_update_adds_the_dense_low_rank_update(vllm_lora_engine, counting
     vllm_lora_engine.lora_update(spec, seeds, coefficients)
     vllm_lora_engine.save_master(str(tmp_path / "after"))
     assert vllm_lora_engine.check("es_check_master") == [[]]  # serving == cast(master)
+    vllm_lora_engine.generate(PROMPTS, max_tokens=2)
+    assert vllm_lora_engine.check("es_check_fp32_copies") == [0]  # what the forward used
     before = load_file(tmp_path / "before" / "master.safetensors")
     after = load_file(tmp_path / "after" / "master.safetensors")
     changed = {name for name in before if not torch.equal(before[name], after[name])}

@@ -98,6 +98,7 @@ def test_same_seed_gives_the_same_perturbation_and_generation(vllm_engine):
     base = greedy(engine)
     engine.perturb(77, 0.01)
     first, first_sum = greedy(engine), engine.checksum()
+    assert engine.check("es_check_fp32_copies") == [0]  # they saw the perturbation
     engine.perturb(78, 0.01)
     other = greedy(engine)
     engine.perturb(77, 0.01)
@@ -108,6 +109,7 @@ def test_same_seed_gives_the_same_perturbation_and_generation(vllm_engine):
     assert first != other
     assert first != base
     assert greedy(engine) == base
+    assert engine.check("es_check_fp32_copies") == [0]
 
 
 def test_members_and_tensors_get_independent_noise(vllm_engine):

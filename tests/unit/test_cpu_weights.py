@@ -55,9 +55,31 @@ def test_logical_binding_reads_the_parameter(hardware_bf16, monkeypatch):
         exact = torch.nn.functional.linear(x.float(), layer.weight.float())
         assert torch.equal(first, exact.bfloat16())
     layer.weight.data.zero_()
+    cpu_weights.weights_written()
     assert torch.count_nonzero(layer.cpu_linear(x, layer.weight, None)) == 0
     assert first.shape == (2, 16)
     assert cpu_weights.layout_of(layer.weight) is None
+
+
+def test_fp32_copies_are_reused_until_a_write_is_announced():
+    copies = cpu_weights.Fp32Weights(budget_bytes=4 * 100)
+    weight = torch.randn(10, 10).bfloat16()
+    first = copies.of(weight)
+    assert torch.equal(first, weight.float()) and copies.bytes == 400
+    weight.mul_(2)
+    assert copies.of(weight) is first and not torch.equal(first, weight.float())  # a cache
+    assert copies.stale() == 1  # the unannounced write is found
+    copies.written()
+    assert copies.stale() == 0
+    refreshed = copies.of(weight)
+    assert refreshed is first and torch.equal(refreshed, weight.float())  # copied in place
+    over = torch.randn(2, 3).bfloat16()  # past the budget: converted on every call
+    assert torch.equal(copies.of(over), over.float()) and copies.bytes == 400
+    assert copies.of(over) is not copies.of(over)
+    del weight, first, refreshed
+    assert copies.bytes == 0  # a freed weight's copy goes with it
+    again = torch.randn(3, 3).bfloat16()
+    assert copies.of(again) is copies.of(again) and copies.bytes == 36
 
 
 def test_fp32_linear_rows_do_not_depend_on_the_batch():

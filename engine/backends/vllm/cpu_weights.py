@@ -17,8 +17,10 @@ on every call:
   sequences: 4.9 ms against 5.6 ms for vLLM's oneDNN path.
 - Every other layer, including embeddings and the lm_head (whose weight may be the
   embedding's, which lookups need in logical layout): `F.linear` on the logical weight, in
-  fp32 where the CPU has no bf16 matmul in hardware (there torch emulates bf16 7x slower).
-Writes to the parameters then take effect at the next forward pass.
+  fp32 where the CPU has no bf16 matmul in hardware (there torch emulates bf16 7x slower),
+  from fp32 copies of the weights refreshed after each write (`Fp32Weights`).
+Writes to the parameters then take effect at the next forward pass (where fp32 copies are
+kept, once the writer has called `weights_written()`).
 
 Perturbation, restore and update are elementwise, so they work on packed tensors unchanged
 (the noise simply lives in the packed layout on such CPUs; see README). Only saving and
@@ -31,6 +33,9 @@ On other platforms (CUDA) vLLM keeps its parameters live and this module does no
 from __future__ import annotations
 
 import functools
+import os
+import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine.backends.vllm import cpu_features
@@ -98,19 +103,97 @@ def _bind_logical(layer: Any) -> None:
         layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
 
 
+FP32_BUDGET_ENV = "ESLAB_FP32_WEIGHTS_GIB"
+"""Most memory (GiB, default 4) the fp32 copies of bf16 weights may take on CPUs without bf16
+hardware; layers beyond it convert their weight on every call instead."""
+
+
+class Fp32Weights:
+    """fp32 copies of bf16 weights for `_linear_in_fp32`, made once and refreshed (copied in
+    place) at the first call after `weights_written()`. Converting on every call cost as much
+    as the product itself at decode batch sizes (measured on an AVX2 Zen 3, every linear
+    layer of SmolLM2-135M: 73 ms to convert against 99 ms to multiply 4 rows), and a full-rank
+    member runs a forward pass per token on one perturbation. The writer must tell: a copy
+    is only known stale through `weights_written()` (the worker extension calls it after every
+    write of the serving weights; a parameter's version counter does not see writes through
+    its `.data`, which is how they are written)."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self.bytes = 0
+        self._generation = 0
+        self._copies: dict[int, _Copy] = {}  # by id of the weight
+
+    def written(self) -> None:
+        self._generation += 1
+
+    def of(self, weight: torch.Tensor) -> torch.Tensor:
+        """weight in fp32: the copy, refreshed if a write came since it was made, or (over
+        the budget) a new conversion."""
+        key = id(weight)
+        entry = self._copies.get(key)
+        if entry is not None and entry.pointer == weight.data_ptr() \
+                and entry.copy.shape == weight.shape:
+            if entry.generation != self._generation:
+                entry.copy.copy_(weight)
+                entry.generation = self._generation
+            return entry.copy
+        if entry is not None:  # the parameter now holds another tensor
+            self._forget(key)
+        if self.bytes + 4 * weight.numel() > self.budget_bytes:
+            return weight.float()
+        copy = weight.float()
+        self._copies[key] = _Copy(weakref.ref(weight), weight.data_ptr(), self._generation, copy)
+        self.bytes += copy.nbytes
+        weakref.finalize(weight, self._forget, key)
+        return copy
+
+    def stale(self) -> int:
+        """How many copies claim to be current but differ from their weight: a write nobody
+        announced (the worker extension's check after a forward pass)."""
+        import torch
+
+        return sum(1 for e in self._copies.values() if e.generation == self._generation
+                   and (w := e.weight()) is not None and not torch.equal(e.copy, w.float()))
+
+    def _forget(self, key: int) -> None:
+        entry = self._copies.pop(key, None)
+        if entry is not None:
+            self.bytes -= entry.copy.nbytes
+
+
+@dataclass
+class _Copy:
+    weight: weakref.ref[torch.Tensor]
+    pointer: int  # the weight's data_ptr when copied
+    generation: int  # Fp32Weights' count of writes when last refreshed
+    copy: torch.Tensor
+
+
+@functools.cache
+def fp32_weights() -> Fp32Weights:
+    """The process's fp32 copies (an engine's forward pass runs in one process)."""
+    return Fp32Weights(int(float(os.environ.get(FP32_BUDGET_ENV, "4")) * 2**30))
+
+
+def weights_written() -> None:
+    """Call after writing serving weights in place: the fp32 copies are refreshed at their
+    next use."""
+    fp32_weights().written()
+
+
 def _linear_in_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                     ) -> torch.Tensor:
     """A bf16 linear layer computed in fp32 and rounded back, for CPUs that would emulate
-    bf16 (7x slower: see cpu_features). The weight is converted on every call, as it changes
-    in place with every member; that copy costs a fraction of the product (measured on an
-    AVX2 Zen 3, [128, 576] x [576, 1536]: 4.1 ms with it against 30 ms in bf16)."""
+    bf16 (7x slower: see cpu_features); the weight's fp32 copy comes from `fp32_weights`."""
     import torch
 
     rows = x.reshape(-1, x.shape[-1]).float()
     count = rows.shape[0]
     if count < BATCH_INVARIANT_ROWS and count % 4:
         rows = torch.cat([rows, rows.new_zeros(4 - count % 4, rows.shape[1])])
-    out = torch.nn.functional.linear(rows, weight.float(), None if bias is None else bias.float())
+    out = torch.nn.functional.linear(rows, fp32_weights().of(weight),
+                                     None if bias is None else bias.float())
     return out[:count].to(x.dtype).view(*x.shape[:-1], out.shape[-1])
 
 

@@ -26,10 +26,12 @@ by (name, rank, size): deterministic, but different noise than with size 1 (not 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.backends.vllm import cpu_lora, cpu_weights, lora_engine
 from engine.backends.vllm.fingerprint import hashed_bytes
@@ -44,6 +46,22 @@ cpu_weights.install_live_cpu_gemm()
 cpu_lora.install_grouped_cpu_lora()
 
 MASTER_FILE = "master.safetensors"
+
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def _writes_weights(method: Method) -> Method:
+    """Marks a method that writes the serving weights in place: afterwards (even after a
+    failure half-way) the CPU backend's fp32 copies of them are stale (cpu_weights)."""
+
+    @functools.wraps(method)
+    def writing(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            cpu_weights.weights_written()
+
+    return writing  # type: ignore[return-value]
 
 
 class PerturbationWorkerExtension:
@@ -105,6 +123,7 @@ class PerturbationWorkerExtension:
 
     # ---- the three weight changes ---------------------------------------------------------
 
+    @_writes_weights
     def es_perturb(self, seed: int, scale: float) -> None:
         """weights := snapshot + scale * eps(seed), tensor by tensor (scale 0: a restore)."""
         import torch
@@ -119,6 +138,7 @@ class PerturbationWorkerExtension:
                 else:
                     noise.perturb_(live, snap, self._es_table, offset, float(scale))
 
+    @_writes_weights
     def es_restore(self) -> None:
         """weights := snapshot, bit for bit."""
         import torch
@@ -127,6 +147,7 @@ class PerturbationWorkerExtension:
             for live, snap in zip(self._es_live, self._es_snapshot, strict=True):
                 live.copy_(snap)
 
+    @_writes_weights
     def es_update(self, seeds: list[int], coefficients: list[float]) -> None:
         """master += sum_i c_i * eps(seed_i) in fp32; weights and snapshot := cast(master).
 
@@ -158,6 +179,7 @@ class PerturbationWorkerExtension:
                 live.copy_(master)
                 snap.copy_(live)
 
+    @_writes_weights
     def es_lora_update(self, spec: dict[str, Any], seeds: list[int],
                        coefficients: list[float]) -> None:
         """Merge the low-rank members' update into master and serving weights (fp32)."""
@@ -249,6 +271,11 @@ class PerturbationWorkerExtension:
             for name, t, layout in zip(self._es_names, self._es_live, self._es_layouts, strict=True)
         ]
 
+    def es_check_fp32_copies(self) -> int:
+        """fp32 weight copies (CPUs without bf16 hardware) that missed a write of their
+        weight: 0 unless a method that writes weights lacks @_writes_weights."""
+        return cpu_weights.fp32_weights().stale()
+
     def es_check_synchronize(self) -> None:
         """Wait for the device's queued work (weight changes on a GPU are asynchronous, so a
         timing of perturb or update must end with this); nothing to wait for on the CPU."""
@@ -296,6 +323,7 @@ class PerturbationWorkerExtension:
         tmp.replace(file)
         return str(file)
 
+    @_writes_weights
     def es_load_master(self, path: str) -> None:
         """Replace master, snapshot and serving weights by a saved master (exact resume)."""
         import torch
