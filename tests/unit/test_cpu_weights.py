@@ -82,6 +82,17 @@ def test_fp32_copies_are_reused_until_a_write_is_announced():
     assert copies.of(again) is copies.of(again) and copies.bytes == 36
 
 
+@pytest.mark.parametrize("value", ["lots", "-1", "nan", "inf"])
+def test_a_bad_fp32_budget_names_the_variable(value, monkeypatch):
+    monkeypatch.setenv(cpu_weights.FP32_BUDGET_ENV, value)
+    cpu_weights.fp32_weights.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=f"{cpu_weights.FP32_BUDGET_ENV} must be .*{value}"):
+            cpu_weights.fp32_weights()
+    finally:
+        cpu_weights.fp32_weights.cache_clear()
+
+
 def test_fp32_linear_rows_do_not_depend_on_the_batch():
     """A row's output is the same alone, in a short batch or in a long one (MKL rounds
     short odd batches differently; see BATCH_INVARIANT_ROWS)."""

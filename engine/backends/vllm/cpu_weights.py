@@ -173,7 +173,14 @@ class _Copy:
 @functools.cache
 def fp32_weights() -> Fp32Weights:
     """The process's fp32 copies (an engine's forward pass runs in one process)."""
-    return Fp32Weights(int(float(os.environ.get(FP32_BUDGET_ENV, "4")) * 2**30))
+    text = os.environ.get(FP32_BUDGET_ENV, "4")
+    try:
+        gib = float(text)
+    except ValueError:
+        gib = -1.0
+    if not 0 <= gib < float("inf"):
+        raise ValueError(f"{FP32_BUDGET_ENV} must be a number of GiB >= 0, got {text!r}")
+    return Fp32Weights(int(gib * 2**30))
 
 
 def weights_written() -> None:
