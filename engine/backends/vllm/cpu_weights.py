@@ -18,7 +18,7 @@ on every call:
 - Every other layer, including embeddings and the lm_head (whose weight may be the
   embedding's, which lookups need in logical layout): `F.linear` on the logical weight, in
   fp32 where the CPU has no bf16 matmul in hardware (there torch emulates bf16 7x slower),
-  from fp32 copies of the weights refreshed after each write (`Fp32Weights`).
+  optionally from fp32 copies of the weights refreshed after each write (`Fp32Weights`).
 Writes to the parameters then take effect at the next forward pass (where fp32 copies are
 kept, once the writer has called `weights_written()`).
 
@@ -104,8 +104,11 @@ def _bind_logical(layer: Any) -> None:
 
 
 FP32_BUDGET_ENV = "ESLAB_FP32_WEIGHTS_GIB"
-"""Most memory (GiB, default 4) the fp32 copies of bf16 weights may take on CPUs without bf16
-hardware; layers beyond it convert their weight on every call instead."""
+"""Most memory (GiB) the fp32 copies of bf16 weights may take on CPUs without bf16 hardware;
+layers beyond it convert their weight on every call instead. Off (0) unless set: the copies
+double the weights' memory in every engine process, and with them a full test session's
+engines (two Ray actors beside the session engine) passed Ray's 95% memory threshold on a
+24 GB machine."""
 
 
 class Fp32Weights:
@@ -173,7 +176,7 @@ class _Copy:
 @functools.cache
 def fp32_weights() -> Fp32Weights:
     """The process's fp32 copies (an engine's forward pass runs in one process)."""
-    text = os.environ.get(FP32_BUDGET_ENV, "4")
+    text = os.environ.get(FP32_BUDGET_ENV, "0")
     try:
         gib = float(text)
     except ValueError:
