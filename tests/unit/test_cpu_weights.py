@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.backends.vllm import cpu_features, cpu_weights
+from engine.backends.vllm.cpu import features as cpu_features
+from engine.backends.vllm.cpu import weights as cpu_weights
 
 ops = pytest.importorskip("vllm._custom_ops")
 needs_packing = pytest.mark.skipif(
@@ -95,7 +96,7 @@ def test_a_bad_fp32_budget_names_the_variable(value, monkeypatch):
 
 def test_fp32_linear_rows_do_not_depend_on_the_batch():
     """A row's output is the same alone, in a short batch or in a long one (MKL rounds
-    short odd batches differently; see BATCH_INVARIANT_ROWS)."""
+    short batches differently; see BATCH_INVARIANT_ROWS)."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(40, 576, generator=g).bfloat16()
     weight = torch.randn(1536, 576, generator=g).bfloat16()

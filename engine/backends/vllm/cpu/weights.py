@@ -38,7 +38,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.backends.vllm import cpu_features
+from engine.backends.vllm.cpu import features as cpu_features
 
 if TYPE_CHECKING:
     import torch
@@ -200,20 +200,21 @@ def _linear_in_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
     rows = x.reshape(-1, x.shape[-1]).float()
     count = rows.shape[0]
-    if count < BATCH_INVARIANT_ROWS and count % 4:
-        rows = torch.cat([rows, rows.new_zeros(4 - count % 4, rows.shape[1])])
+    if count < BATCH_INVARIANT_ROWS:
+        rows = torch.cat([rows, rows.new_zeros(BATCH_INVARIANT_ROWS - count, rows.shape[1])])
     out = torch.nn.functional.linear(rows, fp32_weights().of(weight),
                                      None if bias is None else bias.float())
     return out[:count].to(x.dtype).view(*x.shape[:-1], out.shape[-1])
 
 
-BATCH_INVARIANT_ROWS = 12
+BATCH_INVARIANT_ROWS = 16
 """torch's fp32 matmul (MKL) rounds a row differently when the batch has fewer rows than this
-and not a multiple of 4 (measured, torch 2.13: 1-3, 5-7, 9-11 rows differ from the same rows
-in a larger batch; 4, 8 and 12 or more agree). Such batches are padded with zero rows to a
-multiple of 4, so a sequence's output does not depend on what else is in its batch (two
-engines sharing a population's prompts generate what one engine does; bf16 matmuls agree
-anyway)."""
+(measured, torch 2.13: on an AVX2 Zen 3, 1-3, 5-7 and 9-11 rows differ from the same rows in
+a larger batch, 4, 8 and 12 or more agree; on an AVX-512 Xeon every batch of 1-15 rows
+differs, 16 or more agree). Shorter batches are padded with zero rows to this many, so a
+sequence's output does not depend on what else is in its batch (two engines sharing a
+population's prompts generate what one engine does; bf16 matmuls agree anyway). The padding
+costs little: a decode step's linear layer is bound by reading its weight, not by rows."""
 
 
 def _bind_packed(layer: Any) -> None:
