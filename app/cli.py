@@ -17,9 +17,9 @@ from engine.data.datasets import DatasetError
 from engine.model_files import ModelError
 from engine.rewards import RewardError
 from engine.scoring.client import ScorerError
-from engine.scoring.models import ScoringModelError
 from engine.sink import Sink
 from jobs.store.errors import StoreError
+from scorer.models import ScoringModelError
 
 DASHBOARD_PORT = 8501
 USER_ERRORS: tuple[type[Exception], ...] = (
@@ -385,7 +385,7 @@ def cmd_users_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_scorer_serve(args: argparse.Namespace) -> int:
-    from engine.scoring.service import serve
+    from scorer.service import serve
 
     serve(args.reward_model, args.cost_model, host=args.host, port=args.port,
           batch_size=args.batch_size, max_length=args.max_length)
@@ -393,7 +393,7 @@ def cmd_scorer_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_scorer_train_default(args: argparse.Namespace) -> int:
-    from engine.scoring.default import train_default_scorers
+    from scorer.default import train_default_scorers
 
     train_default_scorers(Path(args.out) if args.out else None, epochs=args.epochs)
     return 0
@@ -413,7 +413,7 @@ def _checkpoint_of(run_or_path: str) -> Path:
 
 
 def cmd_bon(args: argparse.Namespace) -> int:
-    from engine.bon_eval import evaluate_best_of_n, write_points
+    from engine.best_of_n.evaluation import evaluate_best_of_n, write_points
 
     try:
         ns = sorted({int(n) for n in args.n.split(",")})
@@ -449,7 +449,7 @@ def add_bon_command(commands: argparse._SubParsersAction) -> None:
 
 def add_scorer_commands(commands: argparse._SubParsersAction) -> None:
     """`eslab scorer serve | train-default`: the alignment scorer service (engine/scoring)."""
-    from engine.scoring.default import default_scorer_dir
+    from scorer.default import default_scorer_dir
 
     scorer = commands.add_parser("scorer", help="the alignment reward/cost scorer service")
     scorer_cmds = scorer.add_subparsers(dest="scorer_command", required=True, metavar="ACTION")

@@ -42,7 +42,7 @@ from engine import metrics as mk
 from engine.backends.pool import EnginePool
 from engine.backends.vllm.engine import VLLMEngine
 from engine.config import RunConfig
-from engine.lora_population import engine_args
+from engine.lowrank.population import engine_args
 from engine.paths import data_dir, default_model_dir
 from engine.sink import MemorySink
 from engine.trainer import train

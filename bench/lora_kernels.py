@@ -26,7 +26,8 @@ from collections.abc import Callable
 
 import torch
 
-from engine.backends.vllm import cpu_lora, cpu_lora_native
+from engine.backends.vllm.cpu import lora_kernels as cpu_lora
+from engine.backends.vllm.cpu import native as cpu_lora_native
 
 LAYERS = {"qkv": (576, (576, 192, 192)), "o": (576, (576,)), "gate_up": (576, (1536, 1536)),
           "down": (1536, (576,))}

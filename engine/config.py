@@ -229,7 +229,8 @@ class AlignmentConfig:
     """Alignment (ES only): fitness mean(R) - lambda * mean(C), adaptive lambda."""
 
     # R and C come from a scorer service (engine/scoring); the lambda rule and the objective
-    # are engine/alignment.py. The docstring above is one line: to_yaml prints it as a comment.
+    # are engine/alignment/lagrangian.py. The docstring above is one line: to_yaml prints it
+    # as a comment.
 
     reward_source: str = _option(
         "function", "Where the reward R comes from: reward_func_path, the scorer service's "
@@ -880,7 +881,7 @@ _LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_target_modules", "lora_target_
 
 @_rule("method", "perturbation", *_LORA_OPTIONS)
 def _lora_options(v: dict[str, Any]) -> Iterator[FieldError]:
-    from engine.lora import parse_layers, parse_modules
+    from engine.lowrank.factors import parse_layers, parse_modules
 
     if v["perturbation"] == "full":
         for name in _LORA_OPTIONS:  # silently ignored otherwise

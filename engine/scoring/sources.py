@@ -1,5 +1,5 @@
 """Where a run's reward R (and cost C) come from: a reward function, the scorer service, or an
-ensemble of reward functions and scorer reward models (engine/ensembles.py).
+ensemble of reward functions and scorer reward models (engine/scoring/ensembles.py).
 
 `RewardSources` is picklable (tasks carry it to Ray actors) and turns one batch of generated
 completions into a ScoredBatch: `rewards` is R, `parts["cost"]` is C when a scorer is set,
@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.ensembles import TRAINING_DDOF, combine
+from engine.scoring.batch import ScoredBatch, score_batch
 from engine.scoring.client import ScorerClient
+from engine.scoring.ensembles import TRAINING_DDOF, combine
 
 if TYPE_CHECKING:
     from engine.backends.base import Completion
     from engine.config import RunConfig
-    from engine.tasks import ScoredBatch
 
 COST = "cost"
 SCORER_MEMBER = "scorer"
@@ -73,8 +73,6 @@ class RewardSources:
 
     def score(self, outputs: list[list[Completion]], prompts: list[list[dict[str, str]]],
               reward_func_args: list[dict[str, Any]], description: str) -> ScoredBatch:
-        from engine.tasks import ScoredBatch, score_batch
-
         shape = (len(outputs), len(outputs[0]) if outputs else 0)
         pairs = [(_context(prompt), c.text) for prompt, cs in zip(prompts, outputs, strict=True)
                  for c in cs]

@@ -51,8 +51,8 @@ def running_scorer(reward_model: Path, cost_model: Path,
     """The real scorer app under uvicorn on 127.0.0.1 (a thread); stops on exit."""
     import uvicorn
 
-    from engine.scoring.models import ScoringModel
-    from engine.scoring.service import create_app
+    from scorer.models import ScoringModel
+    from scorer.service import create_app
 
     app = create_app(ScoringModel(reward_model, batch_size=4),
                      ScoringModel(cost_model, batch_size=4), max_wait_s=max_wait_s)

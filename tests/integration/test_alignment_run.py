@@ -12,9 +12,9 @@ import pytest
 from engine import metrics as mk
 from engine.config import RunConfig
 from engine.scoring.client import ScorerError
-from engine.scoring.default import default_scorer_dir, default_scorers_ready, train_default_scorers
 from engine.sink import MemorySink
 from engine.trainer import train
+from scorer.default import default_scorer_dir, default_scorers_ready, train_default_scorers
 from tests.integration.scorers import running_scorer
 
 pytestmark = pytest.mark.heavy

@@ -13,13 +13,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine import lora
 from engine import metrics as mk
 from engine.backends.pool import EnginePool
 from engine.backends.vllm.hf_export import source_tensor_specs
-from engine.backends.vllm.lora_engine import lora_update_spec
+from engine.backends.vllm.lora_slots import lora_update_spec
 from engine.config import RunConfig
-from engine.lora_population import ADAPTER_DIR, FACTORS_FILE
+from engine.lowrank import factors as lora
+from engine.lowrank.population import ADAPTER_DIR, FACTORS_FILE
 from engine.paths import data_dir, default_model_dir
 from engine.sink import MemorySink
 from engine.trainer import train

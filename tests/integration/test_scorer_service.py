@@ -25,7 +25,7 @@ def scorer_url(tmp_path_factory):
 
 
 def test_health_and_scores_match_the_models(scorer_url, tmp_path):
-    from engine.scoring.models import ScoringModel
+    from scorer.models import ScoringModel
 
     health = ScorerClient(scorer_url).health()
     assert health["status"] == "ok"

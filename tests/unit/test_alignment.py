@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from engine.alignment import (
+from engine.alignment.lagrangian import (
     LambdaRule,
     LambdaState,
     Objective,

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from engine.best_of_n import best_of_n, selection_weights
+from engine.best_of_n.estimator import best_of_n, selection_weights
 
 
 def brute_force(proxy: np.ndarray, gold: np.ndarray, n: int) -> tuple[float, float]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.backends.vllm import cpu_features, cpu_lora, cpu_lora_native
+from engine.backends.vllm.cpu import features as cpu_features
+from engine.backends.vllm.cpu import lora_kernels as cpu_lora
+from engine.backends.vllm.cpu import native as cpu_lora_native
 
 torch_ops = pytest.importorskip("vllm.lora.ops.torch_ops")
 
@@ -218,7 +220,7 @@ def test_short_runs_are_gathered_unless_one_block_holds_every_token():
 
 
 def test_member_slots_are_sorted_over_the_slots_they_hold():
-    from engine.backends.vllm.lora_engine import MEMBER_ID_BASE, _sort_member_slots
+    from engine.backends.vllm.lora_slots import MEMBER_ID_BASE, _sort_member_slots
 
     ids = [MEMBER_ID_BASE + 3, None, 7, MEMBER_ID_BASE + 1, MEMBER_ID_BASE + 2]
     _sort_member_slots(ids)

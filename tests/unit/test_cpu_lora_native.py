@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from engine.backends.vllm import cpu_lora_native
+from engine.backends.vllm.cpu import native as cpu_lora_native
 
 
 def test_the_kernel_is_built_once_into_the_cache(tmp_path, monkeypatch):

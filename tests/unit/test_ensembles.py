@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.ensembles import BON_DDOF, METHODS, combine
+from engine.scoring.ensembles import BON_DDOF, METHODS, combine
 
 # 3 members x 2 samples
 S = np.array([[1.0, 4.0], [2.0, 0.0], [6.0, 2.0]])

@@ -1,5 +1,5 @@
-"""Low-rank members (engine.lora): seeded factors, antithetic sign, per-layer scaling, the
-update math, and the adapter files. Hand-sized shapes; no engine."""
+"""Low-rank members (engine.lowrank.factors): seeded factors, antithetic sign, per-layer
+scaling, the update math, and the adapter files. Hand-sized shapes; no engine."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine import lora
-from engine.lora import LoraTarget
+from engine.lowrank import factors as lora
+from engine.lowrank.factors import LoraTarget
 
 SPECS = {
     "model.embed_tokens.weight": ((50, 8), "BF16"),
@@ -132,7 +132,7 @@ def test_written_adapter_is_peft_format_and_folds_alpha_into_b(tmp_path):
 
 def test_a_model_folder_without_weights_is_a_clear_error(tmp_path):
     from engine.config import RunConfig
-    from engine.lora_population import LoraPopulation
+    from engine.lowrank.population import LoraPopulation
 
     config = RunConfig.from_flat({"method": "es", "perturbation": "lora",
                                   "model": str(tmp_path), "train_file": "x.parquet",
@@ -145,7 +145,7 @@ def test_a_model_folder_without_weights_is_a_clear_error(tmp_path):
 def test_worker_draws_each_seed_once_and_keeps_them_for_the_update():
     """lora_engine.SeedFactors: a pair's seed is drawn once, and the update finds the step's
     factors only for its seeds and under the same spec."""
-    from engine.backends.vllm.lora_engine import SeedFactors, lora_update_spec
+    from engine.backends.vllm.lora_slots import SeedFactors, lora_update_spec
 
     spec = lora_update_spec([DOWN1], 2, {1: 0.5})
     other = lora_update_spec([DOWN1], 2, {1: 0.25})

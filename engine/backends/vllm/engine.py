@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.backends.base import Completion, Messages
-from engine.backends.vllm.lora_engine import lora_requests, tmpfs_dir, write_placeholder
+from engine.backends.vllm.lora_slots import lora_requests, tmpfs_dir, write_placeholder
 from engine.noise import MIN_TABLE_LEN, NOISE_TABLE_SEED
 
 EXTENSION = "engine.backends.vllm.worker_extension.PerturbationWorkerExtension"
@@ -102,7 +102,7 @@ class VLLMEngine:
             kwargs["max_num_seqs"] = max_num_seqs
         if distributed_executor_backend is not None:
             kwargs["distributed_executor_backend"] = distributed_executor_backend
-        kwargs.update(extra_llm_args or {})  # e.g. multi-LoRA (engine.backends.vllm.lora_engine)
+        kwargs.update(extra_llm_args or {})  # e.g. multi-LoRA (engine.backends.vllm.lora_slots)
         self.model = str(model)
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()

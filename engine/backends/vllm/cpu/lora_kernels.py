@@ -13,7 +13,7 @@ weights (a view of vLLM's stacked buffers, not a copy) by `torch.bmm`, so each a
 weights are read once per call (1.8 to 14 ms for the cases above). `add_lora_linear`, the
 path of every linear layer, does all slices of a fused layer (q/k/v, gate/up) at once, on
 weights re-laid out and trimmed to the rank in use once per change of the slots; decode
-tokens, a few per adapter, go to a per-token C kernel (cpu_lora_tokens.c, built by
+tokens, a few per adapter, go to a per-token C kernel (lora_tokens.c, built by
 cpu_lora_native), and so do prefill's long runs of one adapter unless the CPU multiplies
 bf16 in hardware, where torch's bmm reads and writes them in place. Tokens without an
 adapter (index -1) get no LoRA term. They are installed into vLLM's CPU punica wrapper when
@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from engine.backends.vllm import cpu_features, cpu_lora_native
+from engine.backends.vllm.cpu import features as cpu_features
+from engine.backends.vllm.cpu import native as cpu_lora_native
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ MAX_BLOCKS = 16
 """Blocks a step's tokens may form; the runs beyond are gathered."""
 
 MIN_RUN_TOKENS = 32
-"""Runs of one adapter shorter than this go to the per-token kernel (cpu_lora_tokens.c), or
+"""Runs of one adapter shorter than this go to the per-token kernel (lora_tokens.c), or
 without it are gathered (unless one block holds every token, a decode step before sequences
 finish): a block costs a few small ops per layer slice, a gathered token about 4 us per
 layer (measured; 126 decode tokens in 5 blocks took 1.28 ms for q/k/v against 0.65 ms
@@ -351,7 +352,7 @@ def add_lora_linear(self: Any, y: torch.Tensor, x: torch.Tensor,
     Long runs of one adapter's tokens (prefill) form blocks, read and written in place as
     [adapters, rows, features] views: one shrink for all slices (their A stacked), then one
     expand by the slices' B block-diagonal, added straight into y's rows by baddbmm_. The
-    other tokens (decode steps) go to the per-token kernel (cpu_lora_tokens.c) in bf16, or
+    other tokens (decode steps) go to the per-token kernel (lora_tokens.c) in bf16, or
     without it are gathered into a padded batch and their products added back row by row.
     `bench/lora_kernels.py` measures the cases."""
     plan = _plan(self.token_lora_indices)

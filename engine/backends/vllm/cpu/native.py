@@ -1,4 +1,4 @@
-"""The per-token multi-LoRA kernel (cpu_lora_tokens.c), compiled for this CPU at first use.
+"""The per-token multi-LoRA kernel (lora_tokens.c), compiled for this CPU at first use.
 
 A C compiler is all it needs: the source is built with `-O3 -march=native -fopenmp` into a
 cache folder keyed by the source, the flags and the CPU's feature flags (a library built for
@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
-from engine.backends.vllm import cpu_features
+from engine.backends.vllm.cpu import features as cpu_features
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_lora_tokens.c")
+SOURCE = Path(__file__).with_name("lora_tokens.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 CACHE_ENV = "ESLAB_KERNEL_CACHE"
 """Where built kernels are kept (default ~/.cache/eslab/kernels)."""

@@ -1,0 +1,56 @@
+"""A batch of completions with their rewards, and scoring it with one reward function.
+
+Rewards are computed on the completion text only, never on prompt + completion; a reward
+function that fails or returns a non-finite value raises (engine.rewards.score_completion).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine.rewards import load_reward_function, score_completion
+
+if TYPE_CHECKING:
+    from engine.backends.base import Completion
+
+
+@dataclass
+class ScoredBatch:
+    """Completions of a batch of prompts and their rewards; arrays are [prompts, n]."""
+
+    texts: list[list[str]]
+    rewards: np.ndarray
+    parts: dict[str, np.ndarray]
+    num_tokens: np.ndarray
+    clipped: np.ndarray
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def fitness(self) -> float:
+        """ES fitness of a member: its mean reward over every (prompt, sample)."""
+        return float(self.rewards.mean())
+
+
+def score_batch(outputs: list[list[Completion]], reward_func_args: list[dict[str, Any]],
+                reward_func_path: str, description: str) -> ScoredBatch:
+    func = load_reward_function(reward_func_path)
+    num_prompts, n = len(outputs), len(outputs[0]) if outputs else 0
+    rewards = np.zeros((num_prompts, n))
+    parts: dict[str, np.ndarray] = {}
+    for b, (completions, args) in enumerate(zip(outputs, reward_func_args, strict=True)):
+        for j, completion in enumerate(completions):
+            scores = score_completion(func, completion.text, args,
+                                      sample_description=f"{description}, prompt {b} sample {j}")
+            rewards[b, j] = scores.pop("reward")
+            for name, value in scores.items():
+                parts.setdefault(name, np.full((num_prompts, n), np.nan))[b, j] = value
+    return ScoredBatch(
+        texts=[[c.text for c in completions] for completions in outputs],
+        rewards=rewards,
+        parts=parts,
+        num_tokens=np.array([[c.num_tokens for c in cs] for cs in outputs], dtype=np.int64),
+        clipped=np.array([[not c.finished for c in cs] for cs in outputs], dtype=bool),
+    )
