@@ -1,0 +1,251 @@
+"""Reads of what runs recorded, for the dashboard's pages, the CLI and the worker: metric
+series and latest values, chart data reduced in SQL (buckets, sparklines, best values),
+population and samples by step, checkpoints, events, and a whole run's export."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from sqlalchemy import func, select
+
+from engine.sink import SampleRecord
+from jobs.store import models
+from jobs.store.records import CheckpointRecord, EventRecord, MetricPoint, RunExport
+from jobs.store.rows import find_run, run_record
+from jobs.store.session import StoreBase
+
+
+class RunQueries(StoreBase):
+    # -- metrics --------------------------------------------------------------------------
+
+    def metric_keys(self, run: int | str) -> list[str]:
+        with self._session() as s:
+            row = find_run(s, run)
+            return list(
+                s.scalars(
+                    select(models.LatestMetric.key)
+                    .where(models.LatestMetric.run_id == row.id)
+                    .order_by(models.LatestMetric.key)
+                )
+            )
+
+    def metric_series(self, run: int | str, key: str) -> list[MetricPoint]:
+        with self._session() as s:
+            row = find_run(s, run)
+            rows = s.execute(
+                select(models.Metric.step, models.Metric.value, models.Metric.wall_time)
+                .where(models.Metric.run_id == row.id, models.Metric.key == key)
+                .order_by(models.Metric.step)
+            )
+            return [MetricPoint(step=r.step, value=r.value, wall_time=r.wall_time) for r in rows]
+
+    def latest_metrics(self, run_ids: Sequence[int]) -> dict[int, dict[str, float]]:
+        with self._session() as s:
+            rows = s.execute(
+                select(models.LatestMetric).where(models.LatestMetric.run_id.in_(run_ids))
+            ).scalars()
+            out: dict[int, dict[str, float]] = {i: {} for i in run_ids}
+            for m in rows:
+                out[m.run_id][m.key] = m.value
+            return out
+
+    def sparklines(self, run_ids: Sequence[int], key: str, points: int = 30
+                   ) -> dict[int, list[float]]:
+        """About `points` bucket means of metric `key` per run, bucketed by step in SQL (the
+        latest step comes from latest_metrics, so no run's series is read whole)."""
+        m, latest = models.Metric, models.LatestMetric
+        bucket = (m.step * points // (latest.step + 1)).label("bucket")
+        query = (
+            select(m.run_id, bucket, func.avg(m.value))
+            .join(latest, (latest.run_id == m.run_id) & (latest.key == m.key))
+            .where(m.run_id.in_(list(run_ids)), m.key == key)
+            .group_by(m.run_id, bucket)
+            .order_by(m.run_id, bucket)
+        )
+        out: dict[int, list[float]] = {i: [] for i in run_ids}
+        with self._session() as s:
+            for run_id, _, value in s.execute(query):
+                out[run_id].append(float(value))
+        return out
+
+    def best_metrics(self, run_ids: Sequence[int], key: str) -> dict[int, float]:
+        """The highest value of metric `key` per run (runs without it are left out)."""
+        m = models.Metric
+        with self._session() as s:
+            rows = s.execute(select(m.run_id, func.max(m.value))
+                             .where(m.run_id.in_(list(run_ids)), m.key == key)
+                             .group_by(m.run_id))
+            return {run_id: float(value) for run_id, value in rows}
+
+    def metric_buckets(self, run: int | str, key: str, points: int = 400) -> list[dict[str, Any]]:
+        """Metric `key` reduced in SQL to at most `points` step buckets, each with its first
+        step, mean, min, max, last value and last wall time: spikes survive (min/max), the
+        line ends where the run is (last), rows stay few."""
+        m = models.Metric
+        with self._session() as s:
+            row = find_run(s, run)
+            span = s.execute(
+                select(func.min(m.step), func.max(m.step)).where(m.run_id == row.id, m.key == key)
+            ).one()
+            if span[0] is None:
+                return []
+            width = max(1, -(-(span[1] - span[0] + 1) // points))
+            bucket = ((m.step - span[0]) // width).label("bucket")
+            agg = (
+                select(bucket, func.min(m.step).label("first"), func.max(m.step).label("end"),
+                       func.avg(m.value).label("mean"), func.min(m.value).label("low"),
+                       func.max(m.value).label("high"), func.max(m.wall_time).label("wall"))
+                .where(m.run_id == row.id, m.key == key)
+                .group_by(bucket)
+                .subquery()
+            )
+            rows = s.execute(
+                select(agg.c.first, agg.c.mean, agg.c.low, agg.c.high, agg.c.wall, m.value)
+                .join(m, (m.run_id == row.id) & (m.key == key) & (m.step == agg.c.end))
+                .order_by(agg.c.bucket)
+            )
+            return [
+                {"step": r[0], "value": float(r[1]), "min": float(r[2]), "max": float(r[3]),
+                 "wall_time": float(r[4]), "last": float(r[5])}
+                for r in rows
+            ]
+
+    # -- population and samples -----------------------------------------------------------
+
+    def population(self, run: int | str, step: int) -> list[dict[str, Any]]:
+        with self._session() as s:
+            row = find_run(s, run)
+            rows = s.scalars(
+                select(models.PopulationMember)
+                .where(
+                    models.PopulationMember.run_id == row.id, models.PopulationMember.step == step
+                )
+                .order_by(models.PopulationMember.member)
+            )
+            return [
+                {
+                    "member": p.member,
+                    "seed": p.seed,
+                    "fitness": p.fitness,
+                    "shaped_fitness": p.shaped_fitness,
+                    "reward": p.reward,
+                    "cost": p.cost,
+                }
+                for p in rows
+            ]
+
+    def population_points(self, run: int | str, max_points: int = 3000) -> list[dict[str, Any]]:
+        """(step, member, fitness) rows of every `stride`-th step, the stride chosen in SQL so
+        that at most about `max_points` rows come back."""
+        p = models.PopulationMember
+        with self._session() as s:
+            row = find_run(s, run)
+            total = s.scalar(select(func.count()).select_from(p).where(p.run_id == row.id)) or 0
+            stride = max(1, -(-total // max_points))
+            rows = s.execute(
+                select(p.step, p.member, p.fitness, p.shaped_fitness)
+                .where(p.run_id == row.id, p.step % stride == 0)
+                .order_by(p.step, p.member)
+            )
+            return [{"step": r[0], "member": r[1], "fitness": r[2], "shaped_fitness": r[3]}
+                    for r in rows]
+
+    def population_steps(self, run: int | str) -> list[int]:
+        p = models.PopulationMember
+        with self._session() as s:
+            row = find_run(s, run)
+            return list(s.scalars(select(p.step).where(p.run_id == row.id)
+                                  .distinct().order_by(p.step)))
+
+    def samples(self, run: int | str, *, split: str, step: int) -> list[SampleRecord]:
+        with self._session() as s:
+            row = find_run(s, run)
+            rows = s.scalars(
+                select(models.Sample)
+                .where(
+                    models.Sample.run_id == row.id,
+                    models.Sample.split == split,
+                    models.Sample.step == step,
+                )
+                .order_by(models.Sample.prompt_index, models.Sample.sample_index, models.Sample.id)
+            )
+            return [
+                SampleRecord(
+                    split=x.split,
+                    prompt_index=x.prompt_index,
+                    sample_index=x.sample_index,
+                    prompt=x.prompt,
+                    completion=x.completion,
+                    reward=x.reward,
+                    reward_parts=dict(x.reward_parts or {}),
+                    member=x.member,
+                    logprob=x.logprob,
+                    kept=x.kept,
+                    dropped_by=x.dropped_by,
+                )
+                for x in rows
+            ]
+
+    def sample_steps(self, run: int | str, split: str) -> list[int]:
+        """The steps at which samples of `split` were recorded."""
+        x = models.Sample
+        with self._session() as s:
+            row = find_run(s, run)
+            return list(s.scalars(select(x.step).where(x.run_id == row.id, x.split == split)
+                                  .distinct().order_by(x.step)))
+
+    # -- checkpoints, events, export ------------------------------------------------------
+
+    def checkpoints(self, run: int | str) -> list[CheckpointRecord]:
+        with self._session() as s:
+            row = find_run(s, run)
+            rows = s.scalars(
+                select(models.Checkpoint)
+                .where(models.Checkpoint.run_id == row.id)
+                .order_by(models.Checkpoint.step)
+            )
+            return [
+                CheckpointRecord(step=c.step, path=c.path, created_at=c.created_at) for c in rows
+            ]
+
+    def events(self, run: int | str) -> list[EventRecord]:
+        with self._session() as s:
+            row = find_run(s, run)
+            rows = s.scalars(
+                select(models.Event)
+                .where(models.Event.run_id == row.id)
+                .order_by(models.Event.created_at, models.Event.id)
+            )
+            return [
+                EventRecord(created_at=e.created_at, level=e.level, message=e.message) for e in rows
+            ]
+
+    def export_run(self, run: int | str) -> RunExport:
+        """Every metric, population row and sample of a run, unsampled (`eslab export`)."""
+        with self._session() as s:
+            row = find_run(s, run)
+
+            def rows(table: type[models.Base], *order: Any) -> list[dict[str, Any]]:
+                columns = [c for c in table.__table__.columns if c.name not in ("run_id", "id")]
+                result = s.execute(select(*columns).where(table.run_id == row.id).order_by(*order))
+                return [dict(r._mapping) for r in result]
+
+            metric, member, sample = models.Metric, models.PopulationMember, models.Sample
+            exported = RunExport(
+                run=run_record(row),
+                metrics=rows(metric, metric.key, metric.step),
+                population=rows(member, member.step, member.member),
+                samples=rows(
+                    sample,
+                    sample.step,
+                    sample.split,
+                    sample.prompt_index,
+                    sample.sample_index,
+                    sample.id,
+                ),
+                checkpoints=[],
+                events=[],
+            )
+        return replace(exported, checkpoints=self.checkpoints(row.id), events=self.events(row.id))

@@ -1,0 +1,202 @@
+"""The queue and a run's life under racing writers: what the scheduler, the worker and the CLI
+need to hand queued runs to Ray, start, beat, finish, cancel and resume them.
+
+Every status change here is a conditional UPDATE (`... WHERE status IN (...)`, see
+_compare_and_set) so that two writers racing, such as a cancel and a worker starting, or a
+worker finishing and the scheduler declaring it dead, cannot both win, on SQLite as on
+PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from jobs.store import models
+from jobs.store.errors import InvalidTransitionError, StoreError
+from jobs.store.records import RunRecord
+from jobs.store.rows import event_row, find_run, run_record, utcnow
+from jobs.store.session import StoreBase
+from jobs.store.status import RunStatus, can_transition
+from jobs.store.steps import forget_steps_after
+
+
+class RunQueue(StoreBase):
+    def queued_runs(self, *, limit: int = 100) -> list[RunRecord]:
+        """Queued runs not yet handed to Ray, oldest first: the queue is first in, first out."""
+        with self._session() as s:
+            rows = s.scalars(
+                select(models.Run)
+                .where(
+                    models.Run.status == RunStatus.QUEUED.value,
+                    models.Run.ray_submission_id.is_(None),
+                )
+                .order_by(models.Run.created_at, models.Run.id)
+                .limit(limit)
+            )
+            return [run_record(r) for r in rows]
+
+    def active_runs(self) -> list[RunRecord]:
+        """Runs that hold a Ray job or are about to: submitted but not yet started by their
+        worker (queued with a submission id), running, and cancelling."""
+        run = models.Run
+        with self._session() as s:
+            rows = s.scalars(
+                select(run)
+                .where(
+                    run.status.in_([RunStatus.RUNNING.value, RunStatus.CANCELLING.value])
+                    | ((run.status == RunStatus.QUEUED.value) & run.ray_submission_id.is_not(None))
+                )
+                .order_by(run.created_at, run.id)
+            )
+            return [run_record(r) for r in rows]
+
+    def mark_submitted(self, run: int | str, submission_id: str) -> bool:
+        """Note the Ray submission id *before* submitting, so that a crash between the two
+        leaves a trace the next tick can check with Ray. False when the run is no longer
+        queued (cancelled meanwhile) or was already submitted."""
+        with self._session() as s:
+            row = find_run(s, run)
+            return _compare_and_set(
+                s,
+                row.id,
+                [RunStatus.QUEUED],
+                {"ray_submission_id": submission_id},
+                extra=models.Run.ray_submission_id.is_(None),
+            )
+
+    def clear_submission(self, run: int | str) -> None:
+        """Undo mark_submitted when Ray could not take the job, so the next tick retries."""
+        with self._session() as s:
+            row = find_run(s, run)
+            _compare_and_set(s, row.id, [RunStatus.QUEUED], {"ray_submission_id": None})
+
+    def start_run(self, run: int | str) -> bool:
+        """queued -> running, as the worker starts; False when the run was cancelled first."""
+        with self._session() as s:
+            row = find_run(s, run)
+            now = utcnow()
+            return _compare_and_set(
+                s,
+                row.id,
+                [RunStatus.QUEUED],
+                {
+                    "status": RunStatus.RUNNING.value,
+                    "heartbeat_at": now,
+                    "started_at": func.coalesce(models.Run.started_at, now),
+                },
+            )
+
+    def finish_run(self, run: int | str, status: RunStatus, *, error: str | None = None) -> bool:
+        """End a run that has not ended yet. False when it had already ended (a late write
+        of a dying worker, or the scheduler and the worker both noticing the end): the
+        first outcome recorded is the one that stays."""
+        if not status.is_terminal():
+            raise ValueError(f"finish_run needs a terminal status, got {status.value}")
+        sources = [x for x in RunStatus if not x.is_terminal() and can_transition(x, status)]
+        values: dict[str, Any] = {"status": status.value, "finished_at": utcnow()}
+        if error is not None:
+            values["error"] = error
+        with self._session() as s:
+            row = find_run(s, run)
+            return _compare_and_set(s, row.id, sources, values)
+
+    def beat(self, run: int | str) -> RunStatus:
+        """The worker's background heartbeat: proves the process lives even while one step
+        takes minutes, and tells it the run's status (a cancel request shows here)."""
+        with self._session() as s:
+            row = find_run(s, run)
+            row.heartbeat_at = utcnow()
+            return RunStatus(row.status)
+
+    def request_cancel(self, run: int | str) -> RunRecord:
+        """A queued run is cancelled at once (its worker, if Ray started one, sees that and
+        exits); a running one becomes cancelling until its worker stops."""
+        for _ in range(5):  # each retry follows a concurrent status change
+            with self._session() as s:
+                row = find_run(s, run)
+                status = RunStatus(row.status)
+                if status is RunStatus.CANCELLING:
+                    return run_record(row)
+                if status.is_terminal():
+                    raise InvalidTransitionError(
+                        f"run {row.id} already {status.value}; there is nothing to cancel"
+                    )
+                target = RunStatus.CANCELLED if status is RunStatus.QUEUED else RunStatus.CANCELLING
+                values: dict[str, Any] = {"status": target.value}
+                if target is RunStatus.CANCELLED:
+                    values["finished_at"] = utcnow()
+                if _compare_and_set(s, row.id, [status], values):
+                    s.add(
+                        event_row(
+                            row.id, "info", f"cancel requested ({status.value} -> {target.value})"
+                        )
+                    )
+                    s.flush()
+                    s.refresh(row)
+                    return run_record(row)
+        raise StoreError(f"run {run} kept changing status while being cancelled; try again")
+
+    def resume_run(self, run: int | str, step: int) -> RunRecord:
+        """Queue a failed or cancelled run again as its next attempt, continuing from the
+        checkpoint of `step` (0: from the start). What the dead attempt wrote after `step`
+        is deleted in the same transaction, so the new attempt replaces it rather than
+        duplicating it."""
+        with self._session() as s:
+            row = find_run(s, run)
+            status = RunStatus(row.status)
+            if status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+                hint = (
+                    "; `eslab clone` starts a new run from its configuration"
+                    if status is RunStatus.SUCCEEDED
+                    else ""
+                )
+                raise InvalidTransitionError(
+                    f"run {row.id} is {status.value}; only a failed or cancelled run can be "
+                    f"resumed{hint}"
+                )
+            attempt = (row.attempt or 1) + 1
+            if not _compare_and_set(
+                s,
+                row.id,
+                [status],
+                {
+                    "status": RunStatus.QUEUED.value,
+                    "attempt": attempt,
+                    "error": None,
+                    "ray_submission_id": None,
+                    "finished_at": None,
+                    "heartbeat_at": None,
+                },
+            ):
+                raise StoreError(f"run {row.id} changed status while being resumed; try again")
+            s.refresh(row)
+            forget_steps_after(s, row, step)
+            where = f"its checkpoint of step {step}" if step else "the start"
+            s.add(event_row(row.id, "info", f"attempt {attempt} queued: resumes from {where}"))
+            s.flush()
+            return run_record(row)
+
+
+def _compare_and_set(
+    session: Session,
+    run_id: int,
+    sources: Sequence[RunStatus],
+    values: dict[str, Any],
+    *,
+    extra: Any = None,
+) -> bool:
+    """UPDATE runs SET values WHERE id = run_id AND status IN sources: the status test and
+    the write are one statement, so a concurrent writer cannot slip in between."""
+    where = [models.Run.id == run_id, models.Run.status.in_([x.value for x in sources])]
+    if extra is not None:
+        where.append(extra)
+    result = session.execute(
+        update(models.Run)
+        .where(*where)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount == 1

@@ -1,0 +1,113 @@
+"""What a running training writes through the Sink: each step's metrics, population rows and
+samples in one transaction, checkpoints, events and heartbeats; and the undoing of steps that
+a resumed run writes again."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from engine.sink import StepReport
+from jobs.store import models
+from jobs.store.rows import event_row, find_run, upsert, utcnow
+from jobs.store.session import StoreBase
+
+
+class StepRecords(StoreBase):
+    def record_step(self, run: int | str, report: StepReport) -> None:
+        """Metrics, population rows and samples of one step, in one transaction. Writing a
+        step again replaces its metrics and population rows (a resumed run rewrites the
+        steps after its checkpoint), never duplicates them."""
+        with self._session() as s:
+            row = find_run(s, run)
+            metric_rows = [
+                {
+                    "run_id": row.id,
+                    "key": k,
+                    "step": report.step,
+                    "value": float(v),
+                    "wall_time": report.wall_time,
+                }
+                for k, v in report.metrics.items()
+            ]
+            if metric_rows:
+                upsert(s, models.Metric, metric_rows, ["run_id", "key", "step"])
+                upsert(s, models.LatestMetric, metric_rows, ["run_id", "key"], only_if_newer=True)
+            if report.population:
+                upsert(
+                    s,
+                    models.PopulationMember,
+                    [
+                        {"run_id": row.id, "step": report.step, **asdict(p)}
+                        for p in report.population
+                    ],
+                    ["run_id", "step", "member"],
+                )
+            s.add_all(
+                models.Sample(run_id=row.id, step=report.step, **asdict(x)) for x in report.samples
+            )
+            row.step = max(row.step, report.step)
+            row.heartbeat_at = utcnow()
+
+    def heartbeat(self, run: int | str, step: int | None = None) -> None:
+        with self._session() as s:
+            row = find_run(s, run)
+            row.heartbeat_at = utcnow()
+            if step is not None:
+                row.step = step
+
+    def add_checkpoint(self, run: int | str, step: int, path: str) -> None:
+        with self._session() as s:
+            row = find_run(s, run)
+            upsert(
+                s,
+                models.Checkpoint,
+                [{"run_id": row.id, "step": step, "path": path, "created_at": utcnow()}],
+                ["run_id", "step"],
+            )
+
+    def add_event(self, run: int | str, level: str, message: str) -> None:
+        with self._session() as s:
+            row = find_run(s, run)
+            s.add(event_row(row.id, level, message))
+
+    def truncate_after(self, run: int | str, step: int) -> None:
+        """Forget everything a dead attempt wrote after `step` (resume from a checkpoint)."""
+        with self._session() as s:
+            forget_steps_after(s, find_run(s, run), step)
+
+
+def forget_steps_after(s: Session, row: models.Run, step: int) -> None:
+    """The body of truncate_after, on the caller's session so that a resume (queue.py)
+    truncates and requeues in one transaction."""
+    for table in (models.Metric, models.PopulationMember, models.Sample):
+        s.execute(delete(table).where(table.run_id == row.id, table.step > step))
+    s.execute(delete(models.LatestMetric).where(models.LatestMetric.run_id == row.id))
+    latest = (
+        select(models.Metric.key, func.max(models.Metric.step).label("step"))
+        .where(models.Metric.run_id == row.id)
+        .group_by(models.Metric.key)
+        .subquery()
+    )
+    rows = s.execute(
+        select(models.Metric)
+        .join(
+            latest,
+            (models.Metric.key == latest.c.key) & (models.Metric.step == latest.c.step),
+        )
+        .where(models.Metric.run_id == row.id)
+    ).scalars()
+    s.add_all(
+        models.LatestMetric(
+            run_id=m.run_id, key=m.key, step=m.step, value=m.value, wall_time=m.wall_time
+        )
+        for m in rows
+    )
+    s.execute(
+        delete(models.Checkpoint).where(
+            models.Checkpoint.run_id == row.id, models.Checkpoint.step > step
+        )
+    )
+    row.step = step
