@@ -1,4 +1,4 @@
-"""The run store at the scale of issue 4: 100 runs x 2,000 steps x 20 metric keys in SQLite.
+"""The run store at its design scale: 100 runs x 2,000 steps x 20 metric keys in SQLite.
 
     .venv/bin/python bench/store.py [--runs 100] [--steps 2000] [--keys 20]
 

@@ -1,5 +1,5 @@
 """The database tables, with the names that the dashboard, the worker and outside tools share
-(DESIGN.md, "Database"). Only jobs.store imports this module; rows never leave the store."""
+(docs/design.md). Only jobs.store imports this module; rows never leave the store."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ class Metric(Base):
 
 class LatestMetric(Base):
     """The last value of every key of every run, so the run list never scans `metrics`
-    (the fix MLflow needed, issue 1571)."""
+    (the fix MLflow needed, mlflow/mlflow issue 1571)."""
 
     __tablename__ = "latest_metrics"
 
