@@ -1,0 +1,46 @@
+"""`eslab data countdown | gsm8k | conciseness`: generate or convert datasets."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    data = commands.add_parser("data", help="generate or convert datasets")
+    data_cmds = data.add_subparsers(dest="data_command", required=True, metavar="DATASET")
+    countdown = data_cmds.add_parser("countdown", help="seeded, always-solvable countdown splits")
+    countdown.add_argument("--n-given-numbers", type=int, choices=(3, 4), required=True)
+    countdown.add_argument("--out", required=True, help="folder for train/test.parquet")
+    countdown.add_argument("--n-train", type=int, default=8192)
+    countdown.add_argument("--n-test", type=int, default=1024)
+    countdown.add_argument("--seed", type=int, default=42)
+    countdown.set_defaults(func=cmd_data_countdown)
+    gsm8k = data_cmds.add_parser("gsm8k", help="convert a local GSM8K .jsonl file")
+    gsm8k.add_argument("--input", required=True, help="GSM8K jsonl: question, answer ... #### N")
+    gsm8k.add_argument("--out", required=True, help="output parquet file")
+    gsm8k.set_defaults(func=cmd_data_gsm8k)
+    concise = data_cmds.add_parser("conciseness", help="write the shipped conciseness dataset")
+    concise.add_argument("--out", required=True, help="folder for train/test.parquet")
+    concise.set_defaults(func=cmd_data_conciseness)
+
+
+def cmd_data_countdown(args: argparse.Namespace) -> int:
+    from engine.data.countdown import generate_countdown
+
+    print(generate_countdown(args.n_given_numbers, args.out, n_train=args.n_train,
+                             n_test=args.n_test, seed=args.seed).summary)
+    return 0
+
+
+def cmd_data_gsm8k(args: argparse.Namespace) -> int:
+    from engine.data.gsm8k import convert_gsm8k
+
+    print(convert_gsm8k(args.input, args.out).summary)
+    return 0
+
+
+def cmd_data_conciseness(args: argparse.Namespace) -> int:
+    from engine.data.conciseness import write_conciseness
+
+    print(write_conciseness(args.out).summary)
+    return 0

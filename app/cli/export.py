@@ -1,0 +1,83 @@
+"""`eslab export`: every metric, population row and sample of a run, unsampled, as one JSON
+document, a folder of CSV files, or a self-contained HTML report."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from app.cli.common import open_store
+
+if TYPE_CHECKING:
+    from jobs.store.store import Store
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    export = commands.add_parser("export", help="a run's metrics, population and samples")
+    export.add_argument("run", help="run id or uuid (prefix)")
+    export.add_argument("--format", choices=("csv", "json", "html"), default="json")
+    export.add_argument("--out", help="json: file (default stdout); csv: folder "
+                        "(default NAME-export/); html: file (default NAME.html)")
+    export.set_defaults(func=cmd_export)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Every metric, population row and sample of a run, unsampled: one JSON document, or
+    a folder of CSV files (metrics.csv, population.csv, samples.csv) and run.json."""
+    with open_store() as store:
+        if args.format == "html":
+            return _export_html(store, args)
+        exported = store.export_run(args.run)
+    run = _plain(asdict(exported.run))
+    tables = {"metrics": exported.metrics, "population": exported.population,
+              "samples": exported.samples}
+    counts = ", ".join(f"{len(rows)} {name} rows" for name, rows in tables.items())
+    if args.format == "json":
+        document = {"run": run, **tables,
+                    "checkpoints": [_plain(asdict(c)) for c in exported.checkpoints],
+                    "events": [_plain(asdict(e)) for e in exported.events]}
+        text = json.dumps(document, indent=1, default=str)
+        if args.out in (None, "-"):
+            print(text)
+            return 0
+        Path(args.out).write_text(text + "\n")
+        print(f"wrote {counts} to {args.out}", file=sys.stderr)
+        return 0
+    folder = Path(args.out or f"{exported.run.name}-export")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "run.json").write_text(json.dumps(run, indent=1, default=str) + "\n")
+    for name, rows in tables.items():
+        _write_csv(folder / f"{name}.csv", rows)
+    print(f"wrote {counts} to {folder}/", file=sys.stderr)
+    return 0
+
+
+def _export_html(store: Store, args: argparse.Namespace) -> int:
+    """One self-contained .html file (charts as inline SVG, no script, no network)."""
+    from app.report import run_report
+
+    run = store.get_run(args.run)
+    out = Path(args.out or f"{run.name}.html")
+    out.write_text(run_report(store, run.id), encoding="utf-8")
+    print(f"wrote the report of run {run.id} to {out}", file=sys.stderr)
+    return 0
+
+
+def _plain(record: dict) -> dict:
+    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in record.items()}
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="") as f:
+        if not rows:
+            return
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: json.dumps(v) if isinstance(v, dict | list) else v
+                             for k, v in row.items()})

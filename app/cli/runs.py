@@ -1,0 +1,112 @@
+"""`eslab submit | runs | cancel | resume | clone`: runs on the queue, which the scheduler of
+`eslab serve` runs as Ray jobs."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from app.cli.common import add_set_option, dashboard_url, load_config, open_store
+from engine.config import RunConfig
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    submit = commands.add_parser("submit", help="validate a run and queue it for `eslab serve`")
+    submit.add_argument("config", help="YAML file of option: value pairs (see engine/config.py)")
+    add_set_option(submit, "override an option of the file (repeatable)")
+    submit.add_argument("--tag", action="append", default=[], help="label the run (repeatable)")
+    submit.set_defaults(func=cmd_submit)
+    runs = commands.add_parser("runs", help="list runs: status and progress")
+    runs.add_argument("--limit", type=int, default=20)
+    runs.set_defaults(func=cmd_runs)
+    cancel = commands.add_parser("cancel", help="cancel a queued or running run")
+    cancel.add_argument("run", help="run id or uuid (prefix)")
+    cancel.set_defaults(func=cmd_cancel)
+    resume = commands.add_parser(
+        "resume", help="queue a failed or cancelled run again from its latest checkpoint")
+    resume.add_argument("run", help="run id or uuid (prefix)")
+    resume.set_defaults(func=cmd_resume)
+    clone = commands.add_parser("clone", help="queue a new run from another's configuration")
+    clone.add_argument("run", help="run id or uuid (prefix) to copy")
+    add_set_option(clone, "change an option (repeatable)")
+    clone.set_defaults(func=cmd_clone)
+
+
+def _overridden(pairs: list[str], option: str) -> bool:
+    return any(p.partition("=")[0].strip().rpartition(".")[2] == option for p in pairs)
+
+
+def _queue(config: RunConfig, name: str | None = None, parent_id: int | None = None,
+           tags: Sequence[str] = ()) -> int:
+    """Queue the run through jobs.launch (the path the dashboard uses too) and print it."""
+    from jobs.launch import queue_run
+
+    with open_store() as store:
+        run = queue_run(store, config, name=name, parent_id=parent_id, tags=tags)
+    print(f"run {run.id} ({run.uuid}) '{run.name}' queued: {run.total_steps} steps")
+    print(dashboard_url(run.id))
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    return _queue(load_config(args.config, args.set), tags=args.tag)
+
+
+def cmd_clone(args: argparse.Namespace) -> int:
+    """A new run from another's configuration with --set changes, linked to it as parent.
+    It gets its own output_dir (and name) unless --set gives one."""
+    import uuid
+
+    with open_store() as store:
+        parent = store.get_run(args.run)
+    base = RunConfig.from_flat(parent.config)
+    suffix = uuid.uuid4().hex[:6]
+    own = [] if _overridden(args.set, "output_dir") else [
+        f"output_dir={str(base.data.output_dir).rstrip('/')}-clone-{suffix}"]
+    config = base.with_overrides(own + args.set)
+    name = config.logging.run_name if _overridden(args.set, "run_name") else \
+        f"{parent.name}-clone-{suffix}"
+    return _queue(config, name=name, parent_id=parent.id, tags=parent.tags)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    with open_store() as store:
+        runs = store.list_runs(limit=args.limit)
+    if not runs:
+        print("no runs yet; `eslab submit CONFIG.yaml` queues one")
+        return 0
+    rows = [("ID", "NAME", "METHOD", "STATUS", "STEP", "CREATED")]
+    rows += [(str(r.id), r.name, r.method, r.status.value, f"{r.step}/{r.total_steps or '?'}",
+              r.created_at.astimezone().strftime("%Y-%m-%d %H:%M")) for r in runs]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from jobs.store.status import RunStatus
+
+    with open_store() as store:
+        run = store.request_cancel(args.run)
+    if run.status is RunStatus.CANCELLED:
+        print(f"run {run.id} cancelled (it had not started)")
+    else:
+        print(f"run {run.id} is cancelling: its job finishes the current step, saves a "
+              "checkpoint and ends cancelled (`eslab resume` continues it)")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """Queue a failed or cancelled run again from its latest checkpoint, same run id;
+    what the stopped attempt wrote after that checkpoint is replaced, not duplicated."""
+    from jobs.worker import latest_checkpoint
+
+    with open_store() as store:
+        checkpoint = latest_checkpoint(store, args.run)
+        run = store.resume_run(args.run, checkpoint.step if checkpoint else 0)
+    where = f"{checkpoint.path} (step {checkpoint.step})" if checkpoint else "the start (no " \
+        "checkpoint was saved)"
+    print(f"run {run.id} queued again as attempt {run.attempt}: resumes from {where}")
+    print(dashboard_url(run.id))
+    return 0

@@ -1,0 +1,47 @@
+"""`eslab scorer serve | train-default`: the alignment reward/cost scorer service (the
+top-level scorer package), which alignment runs reach over HTTP."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    from scorer.default import default_scorer_dir
+
+    scorer = commands.add_parser("scorer", help="the alignment reward/cost scorer service")
+    scorer_cmds = scorer.add_subparsers(dest="scorer_command", required=True, metavar="ACTION")
+    serve = scorer_cmds.add_parser(
+        "serve", help="serve GET /health and POST /score_batch {prompts, responses}")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--reward-model", default=str(default_scorer_dir() / "reward"),
+                       help="Hugging Face sequence-classification folder (default: the "
+                       "`train-default` reward model)")
+    serve.add_argument("--cost-model", default=str(default_scorer_dir() / "cost"),
+                       help="Hugging Face sequence-classification folder; cost > 0 is unsafe")
+    serve.add_argument("--batch-size", type=int, default=32, help="pairs per forward pass")
+    serve.add_argument("--max-length", type=int, default=256, help="tokens per pair")
+    serve.set_defaults(func=cmd_scorer_serve)
+    train = scorer_cmds.add_parser(
+        "train-default", help="fine-tune the offline MiniLM reward and cost models (CPU)")
+    train.add_argument("--epochs", type=int, default=3)
+    train.add_argument("--out", help="folder for reward/ and cost/ (default "
+                       f"{default_scorer_dir()})")
+    train.set_defaults(func=cmd_scorer_train_default)
+
+
+def cmd_scorer_serve(args: argparse.Namespace) -> int:
+    from scorer.service import serve
+
+    serve(args.reward_model, args.cost_model, host=args.host, port=args.port,
+          batch_size=args.batch_size, max_length=args.max_length)
+    return 0
+
+
+def cmd_scorer_train_default(args: argparse.Namespace) -> int:
+    from scorer.default import train_default_scorers
+
+    train_default_scorers(Path(args.out) if args.out else None, epochs=args.epochs)
+    return 0
