@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from engine.config import ConfigError, FieldSpec, RunConfig, config_fields
+from engine.config import ConfigError, FieldSpec, RunConfig, config_fields, flatten, read_yaml
 
 PREFIX = "new_"
 GROUP_TITLES = {
@@ -47,21 +47,12 @@ def load_into_form(flat: Mapping[str, Any], method: str | None = None) -> None:
         st.session_state[key(spec.name)] = value
 
 
-def parse_yaml(text: str) -> dict[str, Any]:
-    """A YAML run configuration (flat or nested by group) as flat text values, for the form:
-    every scalar stays a string (YAML 1.1 would turn `eval_strategy: no` into False), and
-    the schema converts and checks them when the form is validated."""
-    import yaml
-
-    data = yaml.load(text, Loader=yaml.BaseLoader) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"the file must hold option: value pairs, got a {type(data).__name__}")
-    flat: dict[str, Any] = {}
-    for name, value in data.items():
-        if isinstance(value, dict):
-            flat.update(value)
-        else:
-            flat[name] = value
+def parse_yaml(text: str | bytes, source: str = "the YAML") -> dict[str, Any]:
+    """A YAML run configuration (flat, nested by group or dotted) as flat option values, read
+    as `eslab train` reads a file; the form converts and checks them when it is validated.
+    Options the schema does not know are left out, as the form has no widget for them.
+    Raises ConfigError naming `source` (and the line of a syntax error)."""
+    flat, _unknown = flatten(read_yaml(text, source))
     return flat
 
 

@@ -6,7 +6,6 @@ import uuid
 from pathlib import Path
 
 import streamlit as st
-import yaml
 
 from app import actions, auth, forms
 from app.state import get_store
@@ -71,10 +70,10 @@ with st.container(border=True):
     imported = c3.file_uploader("Import YAML", type=["yaml", "yml"], key="new_yaml")
     if imported is not None and st.session_state.get("new_yaml_done") != imported.file_id:
         try:
-            forms.load_into_form(forms.parse_yaml(imported.getvalue().decode("utf-8")))
+            forms.load_into_form(forms.parse_yaml(imported.getvalue(), imported.name))
             st.session_state["new_errors"] = forms.validate(forms.form_values())[1]
-        except (ValueError, yaml.YAMLError) as exc:
-            st.session_state["new_errors"] = {"config": f"{imported.name}: {exc}"}
+        except ConfigError as exc:
+            st.session_state["new_errors"] = {e.field: e.message for e in exc.errors}
         st.session_state["new_yaml_done"] = imported.file_id
     upload = st.file_uploader("Upload a training dataset (parquet: prompt, reward_func_args)",
                               type=["parquet"], key="new_parquet")

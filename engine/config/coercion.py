@@ -1,0 +1,96 @@
+"""One option's value against its spec: text (CLI `--set`, form widgets, YAML) converted to
+the option's type, then its choices and range checked."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any
+
+from engine.config.errors import show
+from engine.config.fields import FieldSpec
+
+# Strings read as None for options that accept None (CLI `--set eval_file=none`, empty form).
+_NONE_WORDS = {"none", "null", "~", ""}
+_TRUE_WORDS = {"true", "yes", "on", "1"}
+_FALSE_WORDS = {"false", "no", "off", "0"}
+
+
+class Invalid(Exception):
+    """A value breaks its option's rule; the message completes '<es.noise_std> ...'."""
+
+
+def coerce(spec: FieldSpec, value: Any) -> Any:
+    """The value converted to the option's type, strings parsed (CLI, forms, YAML)."""
+    if spec.nullable and (value is None or
+                          (isinstance(value, str) and value.strip().lower() in _NONE_WORDS)):
+        return None
+    if spec.type is bool:
+        if isinstance(value, bool):
+            return value
+        word = str(value).strip().lower() if isinstance(value, str | int) else None
+        if word in _TRUE_WORDS | _FALSE_WORDS:
+            return word in _TRUE_WORDS
+        raise Invalid(f"must be true or false, got {show(value)}")
+    if spec.type is int:
+        number = _number(value)
+        if number is None or not number.is_integer():
+            raise Invalid(f"must be an integer, got {show(value)}")
+        return int(number)
+    if spec.type is float:
+        number = _number(value)
+        if number is None:
+            raise Invalid(f"must be a finite number, got {show(value)}")
+        return number
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)  # e.g. `run_name: 2024` in YAML
+    if not isinstance(value, str):
+        raise Invalid(f"must be a string, got {show(value)} ({type(value).__name__})")
+    return value
+
+
+def check_type(spec: FieldSpec, value: Any) -> Any:
+    """For direct construction: the value must already have the option's type."""
+    if value is None and spec.nullable:
+        return value
+    if spec.type is bool:
+        ok = isinstance(value, bool)
+    elif spec.type is float:
+        ok = _number(value) is not None and not isinstance(value, str)
+    else:  # bool is an int subclass, but True is no population size
+        ok = isinstance(value, spec.type) and not isinstance(value, bool)
+    if not ok:
+        raise Invalid(f"must be of type {spec.type.__name__}, got {show(value)} "
+                      f"({type(value).__name__})")
+    return value
+
+
+def check_value(spec: FieldSpec, value: Any) -> None:
+    """Choices and range of an already typed value."""
+    if value is None:
+        return
+    if spec.choices is not None and value not in spec.choices:
+        close = difflib.get_close_matches(str(value), spec.choices, n=1)
+        hint = f": did you mean {close[0]!r}?" if close else ""
+        raise Invalid(f"must be one of {', '.join(spec.choices)}, got {show(value)}{hint}")
+    if spec.type is str and spec.choices is None and not value.strip():
+        raise Invalid("must not be empty")
+    if spec.min is not None and (value <= spec.min if spec.exclusive_min else value < spec.min):
+        sign = ">" if spec.exclusive_min else ">="
+        raise Invalid(f"must be {sign} {spec.min:g}, got {show(value)}")
+    if spec.max is not None and value > spec.max:
+        raise Invalid(f"must be <= {spec.max:g}, got {show(value)}")
+
+
+def _number(value: Any) -> float | None:
+    """A finite float from a number or a numeric string; None otherwise (bools included)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
