@@ -1,5 +1,6 @@
-# ES Lab set-up. `make run` and `make test` are the two commands of the README; every step
-# below is skipped when nothing it depends on changed, and redone when it was interrupted.
+# ES Lab set-up. `make run` and `make test` are the two commands of the README, `make lint`
+# holds style, complexity and the import layers; every step below is skipped when nothing it
+# depends on changed, and redone when it was interrupted.
 
 PYTHON ?= python3.11
 VENV := .venv
@@ -83,5 +84,10 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; } || \
 	echo "make: PostgreSQL is not installed; its store tests will be skipped"
 
+# Style and complexity (ruff; C901's limit is max-complexity in pyproject.toml), formatting,
+# and the import contracts of [tool.importlinter] (layers app -> jobs | scorer -> engine; no
+# vllm import in app or jobs). Needs neither the model nor the database.
 lint: deps
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports
