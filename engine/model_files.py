@@ -99,8 +99,10 @@ def check_model_dir(path: str | Path) -> Path:
 def _hint(folder: Path) -> str:
     if folder.resolve() == default_model_dir().resolve():
         return FETCH_HINT
-    return ("point `model` at a Hugging Face model folder (config.json, *.safetensors, "
-            "tokenizer) or a Hugging Face hub model id")
+    return (
+        "point `model` at a Hugging Face model folder (config.json, *.safetensors, "
+        "tokenizer) or a Hugging Face hub model id"
+    )
 
 
 def _sha256(path: Path) -> str:

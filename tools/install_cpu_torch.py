@@ -39,8 +39,12 @@ def install(
     command = [sys.executable, "-m", "pip", "install", *pip_options, requirement]
     if run(command) == 0:
         return 0
-    print(f"{requirement} is not where pip looks by default: retrying with PyTorch's CPU wheel "
-          f"index ({TORCH_CPU_INDEX})", file=sys.stderr, flush=True)
+    print(
+        f"{requirement} is not where pip looks by default: retrying with PyTorch's CPU wheel "
+        f"index ({TORCH_CPU_INDEX})",
+        file=sys.stderr,
+        flush=True,
+    )
     return run([*command, "--extra-index-url", TORCH_CPU_INDEX])
 
 

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def load_tool():
     spec = importlib.util.spec_from_file_location(
-        "install_cpu_torch", ROOT / "tools" / "install_cpu_torch.py")
+        "install_cpu_torch", ROOT / "tools" / "install_cpu_torch.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -42,7 +43,8 @@ def test_torch_found_where_pip_looks_is_installed_without_the_index():
     pip = Pip(0)
     assert tool.install("torch==2.13.0+cpu", ["--quiet"], run=pip) == 0
     assert pip.commands == [
-        [sys.executable, "-m", "pip", "install", "--quiet", "torch==2.13.0+cpu"]]
+        [sys.executable, "-m", "pip", "install", "--quiet", "torch==2.13.0+cpu"]
+    ]
 
 
 def test_torch_not_found_is_retried_with_the_cpu_index(capsys):
@@ -50,8 +52,16 @@ def test_torch_not_found_is_retried_with_the_cpu_index(capsys):
     assert tool.install("torch==2.13.0+cpu", run=pip) == 0
     assert pip.commands == [
         [sys.executable, "-m", "pip", "install", "torch==2.13.0+cpu"],
-        [sys.executable, "-m", "pip", "install", "torch==2.13.0+cpu",
-         "--extra-index-url", tool.TORCH_CPU_INDEX]]
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "torch==2.13.0+cpu",
+            "--extra-index-url",
+            tool.TORCH_CPU_INDEX,
+        ],
+    ]
     assert "retrying with PyTorch's CPU wheel index" in capsys.readouterr().err
 
 

@@ -46,7 +46,8 @@ def test_an_unreachable_hub_is_one_clear_error(monkeypatch):
         resolve_model("some-org/tiny-model")
     assert str(error.value) == (
         "model some-org/tiny-model is not a folder here and the Hugging Face hub could not be "
-        "reached: OSError: We couldn't connect to the hub.")
+        "reached: OSError: We couldn't connect to the hub."
+    )
 
 
 def test_a_hub_download_that_is_no_model_folder_is_refused(monkeypatch, tmp_path):
@@ -84,4 +85,5 @@ def test_offline_with_nothing_cached_is_the_same_clear_error(monkeypatch, tmp_pa
         resolve_model("some-org/tiny-model")
     assert str(error.value).startswith(
         "model some-org/tiny-model is not a folder here and the Hugging Face hub could not be "
-        "reached: ")
+        "reached: "
+    )
