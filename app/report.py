@@ -13,6 +13,7 @@ import altair as alt
 from app import run_charts
 from app.views import duration, elapsed, mode
 from engine import metrics as mk
+from engine.extras import require
 from jobs.store.records import RunRecord
 from jobs.store.store import Store
 
@@ -35,16 +36,14 @@ pre { white-space: pre-wrap; margin: 0; font-size: 0.85rem; }
 def vega_lite_version() -> str:
     """The Vega-Lite version Altair writes, as vl-convert names it (e.g. "6.4"), or the
     newest vl-convert has when it lacks that one."""
-    import vl_convert
-
+    vl_convert = require("vl_convert", "report", "the HTML report")
     wanted = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
     known = vl_convert.get_vegalite_versions()
     return wanted if wanted in known else known[-1]
 
 
 def chart_svg(chart: alt.TopLevelMixin) -> str:
-    import vl_convert
-
+    vl_convert = require("vl_convert", "report", "the HTML report")
     return vl_convert.vegalite_to_svg(chart.to_dict(), vl_version=vega_lite_version())
 
 

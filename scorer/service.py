@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
-
+from engine.extras import require
 from scorer.batcher import RequestBatcher
 from scorer.models import ScoringModel
 
+SERVICE = "the scorer service"
+BaseModel = require("pydantic", "scorer", SERVICE).BaseModel
 MAX_ITEMS = 4096
 
 
@@ -33,7 +34,8 @@ class ScoreResponse(BaseModel):
 def create_app(reward: ScoringModel, cost: ScoringModel, max_wait_s: float = 0.01) -> Any:
     """The FastAPI application around a loaded reward and cost model; requests arriving
     within `max_wait_s` of each other share forward passes (RequestBatcher)."""
-    from fastapi import FastAPI, HTTPException
+    fastapi = require("fastapi", "scorer", SERVICE)
+    FastAPI, HTTPException = fastapi.FastAPI, fastapi.HTTPException
 
     app = FastAPI(title="ES Lab scorer")
     batcher = RequestBatcher(reward, cost, max_wait_s=max_wait_s, max_items=MAX_ITEMS)
@@ -61,7 +63,7 @@ def create_app(reward: ScoringModel, cost: ScoringModel, max_wait_s: float = 0.0
 def serve(reward_model: str, cost_model: str, *, host: str = "127.0.0.1", port: int = 8000,
           batch_size: int = 32, max_length: int = 256) -> None:
     """Load both models and serve until interrupted (`eslab scorer serve`)."""
-    import uvicorn
+    uvicorn = require("uvicorn", "scorer", SERVICE)
 
     reward = ScoringModel(reward_model, batch_size=batch_size, max_length=max_length)
     cost = ScoringModel(cost_model, batch_size=batch_size, max_length=max_length)

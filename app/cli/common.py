@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from engine.config import ConfigError, RunConfig
 from engine.data.datasets import DatasetError
+from engine.extras import MissingExtra
 from engine.model_files import ModelError
 from engine.rewards import RewardError
 from engine.scoring.client import ScorerError
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 DASHBOARD_PORT = 8501
 USER_ERRORS: tuple[type[Exception], ...] = (
-    ConfigError, DatasetError, ModelError, RewardError, StoreError, ScorerError,
+    ConfigError, DatasetError, MissingExtra, ModelError, RewardError, StoreError, ScorerError,
     ScoringModelError)
 
 

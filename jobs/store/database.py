@@ -15,6 +15,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from engine.extras import require
 from engine.paths import data_dir
 from jobs.store.errors import StoreError
 
@@ -60,6 +61,8 @@ def make_engine(url: str | None = None) -> Engine:
         engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
+    if parsed.get_driver_name() == "psycopg":
+        require("psycopg", "postgres", f"the database {describe(url)}")
     try:
         return create_engine(url, pool_pre_ping=True)
     except Exception as exc:  # a missing driver surfaces here, as an ImportError or so
