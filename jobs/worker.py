@@ -15,7 +15,8 @@ current step finishes; at the step boundary the trainer saves a checkpoint when 
 `should_stop` hook (otherwise the sink stops it there and the last regular checkpoint
 stands); the run ends cancelled. A step still running ESLAB_ABANDON_AFTER_S seconds after
 the request, or a second signal, abandons the step: the run is recorded cancelled and the
-process exits at once. Any other error ends the run failed with its traceback.
+process exits at once. Any other error ends the run failed with its traceback. The outcome
+is recorded by jobs.outcome, for `eslab train`'s foreground runs too.
 """
 
 from __future__ import annotations
@@ -28,16 +29,16 @@ import os
 import signal
 import sys
 import threading
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from engine.sink import Sink, StepReport
+from jobs.checkpoints import latest_checkpoint
+from jobs.outcome import RunOutcome
 from jobs.sink import DatabaseSink
 from jobs.store.errors import StoreError
-from jobs.store.records import CheckpointRecord
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
 
@@ -168,7 +169,7 @@ class Worker:
         self.release_engine = release_engine
         self.stop = StopSignal()
         self._signals = 0
-        self._finished = threading.Lock()  # one outcome, from the main thread or the watchdog
+        self.outcome: RunOutcome | None = None  # once the run is ours
 
     def run(self) -> int:
         """0 when the run succeeded or was cancelled (or was not ours to run), 1 when it
@@ -181,12 +182,12 @@ class Worker:
             log.info("run %s is %s, not %s; nothing to do", run.id, run.status.value,
                      expected.value)
             return 0
+        outcome = RunOutcome(self.store, run.id)
         try:
             config = RunConfig.from_flat(run.config)
             train = load_train(self.train) if isinstance(self.train, str) else self.train
         except Exception as exc:
-            print(_traceback(exc), file=sys.stderr, flush=True)
-            self._end(run.id, RunStatus.FAILED, _traceback(exc), f"cannot start: {exc}")
+            outcome.failed(exc, f"cannot start: {exc}")
             return 1
         checkpoint = latest_checkpoint(self.store, run.id)
         resume_from = self.resume_from or (checkpoint.path if checkpoint else None)
@@ -194,6 +195,7 @@ class Worker:
             log.info("run %s was cancelled before it started", run.id)
             return 0
         self.run_id = run.id
+        self.outcome = outcome
         hooked = accepts(train, "should_stop")
         sink = StoppingSink(self.wrap_sink(DatabaseSink(self.store, run.id)), self.stop,
                             raise_at_boundary=not hooked)
@@ -207,15 +209,15 @@ class Worker:
         previous = self._install_signal_handlers()
         heartbeat.start()
         try:
-            return self._train(run.id, config, train, sink, kwargs)
+            return self._train(outcome, config, train, sink, kwargs)
         finally:
             heartbeat.close()
             _restore_signal_handlers(previous)
             if kwargs.get("pool") is not None and self.release_engine:
                 kwargs["pool"].shutdown()
 
-    def _train(self, run_id: int, config: Any, train: TrainFunction, sink: StoppingSink,
-               kwargs: dict[str, Any]) -> int:
+    def _train(self, outcome: RunOutcome, config: Any, train: TrainFunction,
+               sink: StoppingSink, kwargs: dict[str, Any]) -> int:
         """Train and record the outcome. The engine is started here rather than by the
         trainer so that the outcome is recorded before it is released (see release_engine)."""
         try:
@@ -226,44 +228,12 @@ class Worker:
             output = train(config, sink, **kwargs)
         except BaseException as exc:
             if self.stop.is_set():
-                self._end(run_id, RunStatus.CANCELLED, None, self._stopped_message(sink.last_step))
+                outcome.cancelled(f"stopped after step {sink.last_step} ({self.stop.reason})")
                 return 0
-            print(_traceback(exc), file=sys.stderr, flush=True)
-            self._end(run_id, RunStatus.FAILED, _traceback(exc), f"{type(exc).__name__}: {exc}")
+            outcome.failed(exc, f"{type(exc).__name__}: {exc}")
             return 1
-        # A cancel that came as the last step ended leaves the run cancelling, which may
-        # only end cancelled (the final model is saved all the same).
-        if not self._end(run_id, RunStatus.SUCCEEDED, None, f"succeeded; final model in {output}"):
-            self._end(
-                run_id,
-                RunStatus.CANCELLED,
-                None,
-                f"the cancel came as the last step ended; final model in {output}",
-            )
+        outcome.succeeded(output)
         return 0
-
-    # -- outcome ------------------------------------------------------------------------
-
-    def _end(self, run_id: int, status: RunStatus, error: str | None, message: str) -> bool:
-        """Record the outcome unless the run has one (or cannot take this one); True when
-        recorded."""
-        with self._finished:
-            if self.store.finish_run(run_id, status, error=error):
-                level = "error" if status is RunStatus.FAILED else "info"
-                self.store.add_event(run_id, level, message)
-                log.info("run %s %s: %s", run_id, status.value, message.splitlines()[0])
-                return True
-            now = self.store.get_run(run_id).status.value
-            log.warning("run %s is %s; not recording %s", run_id, now, status.value)
-            return False
-
-    def _stopped_message(self, step: int) -> str:
-        return f"stopped after step {step} ({self.stop.reason}); {self._resume_hint()}"
-
-    def _resume_hint(self) -> str:
-        checkpoint = latest_checkpoint(self.store, self.run_id)
-        where = f"the checkpoint of step {checkpoint.step}" if checkpoint else "the start"
-        return f"`eslab resume` continues from {where}"
 
     # -- signals ------------------------------------------------------------------------
 
@@ -302,28 +272,13 @@ class Worker:
     def _abandon(self, why: str) -> None:
         """Record the run cancelled and exit now: the step in progress is lost, the last
         checkpoint stands. os._exit, because the main thread may be deep in the engine."""
-        if isinstance(self.run_id, int):
-            self._end(
-                self.run_id,
-                RunStatus.CANCELLED,
-                None,
-                f"step abandoned ({why}); {self._resume_hint()}",
-            )
+        if self.outcome is not None:
+            self.outcome.cancelled(f"step abandoned ({why})")
         logging.shutdown()
         os._exit(0)
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def latest_checkpoint(store: Store, run_id: int | str) -> CheckpointRecord | None:
-    """The newest checkpoint the database lists whose folder still exists (the trainer
-    renames a finished checkpoint into place, so an existing folder is a complete one;
-    save_total_limit removes old folders but not their rows)."""
-    for checkpoint in reversed(store.checkpoints(run_id)):
-        if Path(checkpoint.path).is_dir():
-            return checkpoint
-    return None
 
 
 def accepts(train: TrainFunction, parameter: str) -> bool:
@@ -345,10 +300,6 @@ def load_train(spec: str) -> TrainFunction:
 
 def _thread(target: Callable[..., None], *args: Any) -> None:
     threading.Thread(target=target, args=args, name="eslab-stop", daemon=True).start()
-
-
-def _traceback(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(exc))
 
 
 def _restore_signal_handlers(previous: dict[int, Any]) -> None:

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from engine.paths import PROJECT_ROOT
+from jobs.outcome import RunOutcome
 from jobs.store.status import RunStatus
 from tests.jobs.helpers import STANDIN, queue_run, wait_for
 
@@ -192,3 +193,24 @@ def test_a_second_signal_abandons_the_step_at_once(sqlite_store, sqlite_url, tmp
     assert code == 0, out
     assert sqlite_store.get_run(run.id).status is RunStatus.CANCELLED
     assert "step abandoned (a second signal, SIGINT)" in sqlite_store.events(run.id)[-1].message
+
+
+def test_the_first_outcome_recorded_stands(sqlite_store, tmp_path):
+    run = queue_run(sqlite_store, tmp_path / "out")
+    assert sqlite_store.start_run(run.id)
+    outcome = RunOutcome(sqlite_store, run.id)
+    outcome.succeeded(tmp_path / "out")
+    outcome.cancelled("too late")
+    assert sqlite_store.get_run(run.id).status is RunStatus.SUCCEEDED
+    assert [e.message for e in sqlite_store.events(run.id)] == [
+        f"succeeded; final model in {tmp_path / 'out'}"
+    ]
+
+
+def test_a_cancel_as_the_last_step_ended_ends_the_run_cancelled(sqlite_store, tmp_path):
+    run = queue_run(sqlite_store, tmp_path / "out")
+    assert sqlite_store.start_run(run.id)
+    sqlite_store.request_cancel(run.id)
+    RunOutcome(sqlite_store, run.id).succeeded(tmp_path / "out")
+    assert sqlite_store.get_run(run.id).status is RunStatus.CANCELLED
+    assert sqlite_store.events(run.id)[-1].message.startswith("the cancel came as the last step")

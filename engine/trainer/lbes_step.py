@@ -1,0 +1,85 @@
+"""One LBES step (nlp-waseda/lbes `lbes_trainer.py`): the unperturbed model samples n
+completions per prompt, the filters keep the informative ones, and a member's fitness is the
+correlation between those rewards and its log-likelihood of the samples; the update is ES's."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from engine import metrics as mk
+from engine.backends.pool import EnginePool
+from engine.config import RunConfig
+from engine.data.datasets import Example
+from engine.es import population
+from engine.fitness import shape_fitness
+from engine.lbes import filter_rewards, member_correlations, reference_tiebreak
+from engine.sink import StepReport
+from engine.tasks import CompletionLogprobs
+from engine.trainer.es_step import apply_update, generate_task
+from engine.trainer.reporting import (
+    completion_metrics,
+    part_means,
+    phase_timings,
+    population_records,
+    reward_stats,
+    sample_records,
+)
+
+
+def lbes_step(config: RunConfig, pool: EnginePool, examples: list[Example], step: int,
+              noise_std: float, learning_rate: float,
+              stop: Callable[[], bool] | None = None) -> StepReport | None:
+    """None when no sample survives the filters: the step is skipped."""
+    base_start = time.perf_counter()
+    base = generate_task(config, examples, step, description=f"step {step + 1} (base model)")(
+        pool)
+    base_seconds = time.perf_counter() - base_start
+    kept = filter_rewards(base.rewards, config.lbes, reference_tiebreak(config.data.seed, step))
+    if kept.is_empty:
+        return None
+
+    members = population(config.data.seed, step, config.es.population_size,
+                         config.es.antithetic)
+    rows = np.argwhere(kept.kept)  # [K, 2]: (prompt, sample) of every kept sample
+    task = CompletionLogprobs(prompts=[examples[b].prompt for b, _ in rows],
+                              completions=[base.texts[b][j] for b, j in rows])
+    logprob_start = time.perf_counter()
+    per_member = pool.evaluate([(m.seed, m.sign * noise_std) for m in members], task,
+                               stop=stop)
+    logprob_seconds = time.perf_counter() - logprob_start
+    logliks = np.full((len(members), *base.rewards.shape), np.nan)  # [N, B, n]
+    for i, values in enumerate(per_member):
+        logliks[i, rows[:, 0], rows[:, 1]] = values
+    correlations = member_correlations(base.rewards, logliks, kept.kept,
+                                       flat=config.lbes.flat_corrcoef)
+    shaped = shape_fitness(config.es.fitness_shaping, correlations)
+    update_seconds = apply_update(pool, members, shaped, learning_rate, noise_std)
+
+    prompt_std = base.rewards.std(axis=1)  # [B]: "std" is across the n samples in LBES
+    metrics = {
+        **reward_stats(mk.TRAIN, "reward", base.rewards.reshape(-1)),
+        mk.reward_key(mk.TRAIN, "reward", "std"): float(prompt_std.mean()),
+        **part_means(mk.TRAIN, [base]),
+        **completion_metrics(mk.TRAIN, [base]),
+        **phase_timings(pool),
+        mk.FRAC_REWARD_ZERO_STD: float(np.mean(prompt_std == 0)),
+        mk.RETAINED_PROMPT_RATIO: kept.retained_prompt_ratio,
+        mk.RETAINED_REWARD_RATIO: kept.retained_reward_ratio,
+        mk.CORRELATION_MEAN: float(np.nanmean(correlations)) if np.isfinite(
+            correlations).any() else float("nan"),
+        mk.time_key("generation"): base_seconds,
+        mk.time_key("reward"): base.timings["reward"],
+        mk.time_key("logprobs"): logprob_seconds,
+        mk.time_key("update"): update_seconds,
+    }
+    mean_loglik = np.full(base.rewards.shape, np.nan)  # [B, n]: population mean, kept only
+    mean_loglik[kept.kept] = logliks[:, kept.kept].mean(axis=0)
+    samples = sample_records(mk.TRAIN, examples, base, member=None, kept=kept.kept,
+                             dropped_by=kept.dropped_by, logprob=mean_loglik)
+    return StepReport(step=step + 1, metrics={k: v for k, v in metrics.items()
+                                              if np.isfinite(v)},
+                      population=population_records(members, correlations, shaped),
+                      samples=samples)

@@ -1,0 +1,80 @@
+"""Before the first step: check what a run needs (reward functions, model folder, datasets)
+so that a bad run is refused before anything is stored or started, and set up what the loop
+uses (the data and its batches, the engines, the LoRA population)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.backends.pool import EnginePool
+from engine.batches import Batches, Position
+from engine.config import RunConfig
+from engine.data.datasets import Example, load_dataset
+from engine.lowrank.population import LoraPopulation, engine_args
+from engine.model_files import check_model_dir
+from engine.paths import resolve_path
+from engine.scoring.sources import RewardSources
+from engine.sink import Sink
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """The datasets of a run, its batching and the number of steps that makes."""
+
+    train_set: list[Example]
+    eval_set: list[Example]
+    batches: Batches
+    total_steps: int
+
+    def examples(self, position: Position) -> list[Example]:
+        return [self.train_set[i] for i in self.batches.indices(position)]
+
+    def epoch(self, position: Position) -> float:
+        """Epochs done at `position`, as a fraction."""
+        return position.epoch + position.batch / self.batches.per_epoch
+
+
+def load_data(config: RunConfig) -> TrainingData:
+    train_set = load_dataset(resolve_path(config.data.train_file))
+    eval_set = load_dataset(resolve_path(config.data.eval_file)) if config.data.eval_file else []
+    batches = Batches(len(train_set), config.data.data_batch_size, config.data.seed)
+    return TrainingData(train_set, eval_set, batches, config.total_steps(batches.per_epoch))
+
+
+def plan_total_steps(config: RunConfig) -> int:
+    """Check the inputs a run needs before it starts (reward functions, model folder,
+    datasets) and return its number of steps."""
+    from engine.rewards import load_reward_function
+
+    sources = RewardSources.from_config(config)
+    for path in [config.reward.reward_func_path, *(sources.members if sources else ())]:
+        if path is not None and "." in path and not path.startswith(("http://", "https://")):
+            load_reward_function(path)
+    model = resolve_path(config.model.model)
+    if model.exists() or config.model.model.startswith((".", "/", "data/")):
+        check_model_dir(model)
+    return load_data(config).total_steps
+
+
+def start_pool(config: RunConfig) -> EnginePool:
+    m = config.model
+    local = resolve_path(m.model)
+    return EnginePool(
+        str(local) if local.exists() else m.model, num_engines=m.num_engines,
+        engines_per_gpu=m.engines_per_gpu, dtype=m.dtype,
+        max_model_len=m.max_model_len, tensor_parallel_size=m.tensor_parallel_size,
+        gpu_memory_utilization=m.gpu_memory_utilization, max_num_seqs=m.max_num_seqs,
+        # False leaves the platform's choice (eager on the CPU, CUDA graphs on a GPU).
+        enforce_eager=True if m.enforce_eager else None, seed=config.data.seed,
+        extra_llm_args=engine_args(config) if config.lora.perturbation == "lora" else None)
+
+
+def start_lora(config: RunConfig, sink: Sink) -> LoraPopulation | None:
+    """The LoRA population with `perturbation: lora`, else None (members perturb the
+    full weights)."""
+    if config.lora.perturbation != "lora":
+        return None
+    lora = LoraPopulation(config, resolve_path(config.model.model))
+    sink.log_event("info", f"perturbation lora: rank {config.lora.lora_rank}, "
+                   f"{len(lora.targets)} target modules, update {lora.mode}")
+    return lora

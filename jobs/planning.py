@@ -1,0 +1,59 @@
+"""Planning a run before it is stored: the one place that validates a configuration and
+decides the run's name, steps, tags and stored configuration, for queued runs
+(jobs.launch) and foreground ones (jobs.runner) alike."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.config import RunConfig
+from jobs.store.records import RunRecord
+from jobs.store.status import RunStatus
+from jobs.store.store import Store
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A validated run, ready to be stored."""
+
+    name: str
+    method: str
+    config: dict[str, Any]  # RunConfig.to_flat(), as the database keeps it
+    total_steps: int
+    output_dir: Path  # resolved
+    tags: list[str] = field(default_factory=list)
+    parent_id: int | None = None
+
+
+def default_run_name(config: RunConfig) -> str:
+    task = Path(config.data.train_file or "data").parent.name or "run"
+    return config.logging.run_name or f"{config.method}-{task}-{uuid.uuid4().hex[:6]}"
+
+
+def plan_run(config: RunConfig, *, name: str | None = None, tags: Sequence[str] = (),
+             parent_id: int | None = None) -> RunPlan:
+    """Check what can be checked before a run starts (datasets, reward function, model
+    folder), so that bad input stores nothing.
+
+    Raises ConfigError (naming the field), DatasetError, RewardError or ModelError."""
+    # Imported here: the dashboard imports this module, the training library only when a
+    # run is planned.
+    from engine.paths import resolve_path
+    from engine.trainer import plan_total_steps
+
+    total = plan_total_steps(config)
+    return RunPlan(name=name or default_run_name(config), method=config.method,
+                   config=config.to_flat(), total_steps=total,
+                   output_dir=resolve_path(config.data.output_dir), tags=list(tags),
+                   parent_id=parent_id)
+
+
+def create_run(store: Store, plan: RunPlan, *,
+               status: RunStatus = RunStatus.QUEUED) -> RunRecord:
+    return store.create_run(name=plan.name, method=plan.method, config=plan.config,
+                            total_steps=plan.total_steps, tags=plan.tags,
+                            parent_id=plan.parent_id, status=status)
