@@ -5,13 +5,14 @@ uses (the data and its batches, the engines, the LoRA population)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from engine.backends.pool import EnginePool
 from engine.batches import Batches, Position
 from engine.config import RunConfig
 from engine.data.datasets import Example, load_dataset
 from engine.lowrank.population import LoraPopulation, engine_args
-from engine.model_files import check_model_dir
+from engine.model_files import check_model_dir, resolve_model
 from engine.paths import resolve_path
 from engine.scoring.sources import RewardSources
 from engine.sink import Sink
@@ -56,11 +57,18 @@ def plan_total_steps(config: RunConfig) -> int:
     return load_data(config).total_steps
 
 
+def model_folder(config: RunConfig) -> Path:
+    """The run's model as a folder here: the local folder it names, else the Hugging Face hub
+    repository of that id, downloaded into the hub cache (a clear ModelError where the hub
+    cannot be reached). Local folders are taken as they are: plan_total_steps checked them."""
+    local = resolve_path(config.model.model)
+    return local if local.exists() else resolve_model(config.model.model)
+
+
 def start_pool(config: RunConfig) -> EnginePool:
     m = config.model
-    local = resolve_path(m.model)
     return EnginePool(
-        str(local) if local.exists() else m.model, num_engines=m.num_engines,
+        str(model_folder(config)), num_engines=m.num_engines,
         engines_per_gpu=m.engines_per_gpu, dtype=m.dtype,
         max_model_len=m.max_model_len, tensor_parallel_size=m.tensor_parallel_size,
         gpu_memory_utilization=m.gpu_memory_utilization, max_num_seqs=m.max_num_seqs,
@@ -74,7 +82,7 @@ def start_lora(config: RunConfig, sink: Sink) -> LoraPopulation | None:
     full weights)."""
     if config.lora.perturbation != "lora":
         return None
-    lora = LoraPopulation(config, resolve_path(config.model.model))
+    lora = LoraPopulation(config, model_folder(config))
     sink.log_event("info", f"perturbation lora: rank {config.lora.lora_rank}, "
                    f"{len(lora.targets)} target modules, update {lora.mode}")
     return lora

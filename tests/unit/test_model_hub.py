@@ -87,3 +87,18 @@ def test_offline_with_nothing_cached_is_the_same_clear_error(monkeypatch, tmp_pa
         "model some-org/tiny-model is not a folder here and the Hugging Face hub could not be "
         "reached: "
     )
+
+
+def test_a_run_on_a_hub_model_starts_from_the_downloaded_folder(monkeypatch, tmp_path):
+    """The engines and the LoRA population get the folder, never the bare hub id."""
+    from engine.config import RunConfig
+    from engine.trainer.preflight import model_folder
+
+    snapshot = make_model_folder(tmp_path / "snapshot")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, **kw: str(snapshot))
+    required = {"method": "es", "train_file": "train.parquet", "output_dir": "out",
+                "reward_func_path": "engine.rewards.conciseness.compute_score"}
+    config = RunConfig.from_flat({**required, "model": "some-org/tiny-model"})
+    assert model_folder(config) == snapshot
+    local = RunConfig.from_flat({**required, "model": str(tmp_path)})
+    assert model_folder(local) == tmp_path  # a local folder never asks the hub
