@@ -1,7 +1,7 @@
 """The ES update as small pure helpers: who the population is, and what each seed adds.
 
-The update follows the nlp-waseda/lbes convention (shared/reference/seed-algorithms.md,
-section 3, `update`; DESIGN.md, engine rules):
+The update follows the nlp-waseda/lbes convention (`src/worker_extension.py`, `update`;
+docs/design.md, "Engine rules"):
 
     theta += lr / (N * sigma) * sum_i A_i * eps_i
 

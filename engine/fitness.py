@@ -1,8 +1,8 @@
 """Fitness shaping: raw population fitness -> advantages A_i for the ES update.
 
 - `zscore`: (x - mean) / (std + eps) with the population std (ddof 0) and eps 1e-6, as
-  nlp-waseda/lbes `es_trainer.py` (ES) and `lbes_trainer.py` (LBES, with nanmean/nanstd);
-  digest in shared/reference/seed-algorithms.md, section 3.
+  nlp-waseda/lbes `src/es_trainer.py` (ES) and `src/lbes_trainer.py` (LBES, with
+  nanmean/nanstd).
 - `centered_rank`: OpenAI-ES centered ranks in [-0.5, 0.5] (Salimans et al. 2017), as
   evosax `centered_rank_fitness_shaping_fn` (ranks with ties averaged).
 

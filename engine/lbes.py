@@ -1,7 +1,7 @@
 """LBES: reward filters on the base model's samples, and reward/log-likelihood correlation.
 
 Implements nlp-waseda/lbes `src/lbes_trainer.py` (`filter_batch_by_reward`, `calc_corrcoef`;
-digest in shared/reference/seed-algorithms.md, section 3). One LBES step generates n samples
+docs/algorithms.md, "LBES"). One LBES step generates n samples
 per prompt with the unperturbed model, giving a reward matrix r[B, n]. The filters run in the
 reference's order:
 

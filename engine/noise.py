@@ -1,8 +1,8 @@
 """Seeds and seeded noise for ES perturbations.
 
-One seed gives one perturbation, the same on every engine and every time (DESIGN.md, engine
-rules). Seeds are derived by hashing, as nlp-waseda/lbes does (`derive_seed`), so a member's
-seed depends only on (run seed, step, member) and never on the order engines ran in.
+One seed gives one perturbation, the same on every engine and every time (docs/design.md,
+"Engine rules"). Seeds are derived by hashing, as nlp-waseda/lbes does (`derive_seed`), so a
+member's seed depends only on (run seed, step, member) and never on the order engines ran in.
 
 Noise comes from a shared noise table (OpenAI ES, Salimans et al. 2017, arXiv 1703.03864):
 each engine builds, once, a table of standard normals from a fixed table seed, on the device

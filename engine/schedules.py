@@ -1,7 +1,7 @@
 """Noise-std and learning-rate schedules as pure functions of the step.
 
-Implements the schedulers of nlp-waseda/lbes (`src/schedulers.py`; digest in
-shared/reference/seed-algorithms.md, section 3): with progress p = step / total_steps,
+Implements the schedulers of nlp-waseda/lbes (`src/schedulers.py`): with progress
+p = step / total_steps,
 
     constant     v0
     linear       v0 + (vf - v0) * p
@@ -10,7 +10,9 @@ shared/reference/seed-algorithms.md, section 3): with progress p = step / total_
     polynomial   vf + (v0 - vf) * (1 - p)**power
 
 linear, cosine and polynomial hold vf once step >= total_steps, as the reference does. The
-reference fixes rate at 0.95 and power at 1.0; here both are settings (issue 3, item 4).
+reference fixes rate at 0.95 and power at 1.0; here both are settings
+(`noise_std_scheduler_rate`, `noise_std_scheduler_power`, `lr_scheduler_rate`,
+`lr_scheduler_power`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Why a wrapper: the scheduler needs four answers from Ray and must tell "Ray is u
 both as bare RuntimeError/ConnectionError; here they become `RayUnavailableError` and
 `JobState.MISSING`. Submissions use a caller-chosen `submission_id`, which Ray refuses to
 reuse, so a repeated submit can never start a second copy of a run
-(ray job_submission SDK; house-style.md, "vLLM worker extensions and Ray jobs").
+(Ray's job_submission SDK).
 """
 
 from __future__ import annotations

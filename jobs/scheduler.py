@@ -11,7 +11,7 @@ A tick every few seconds (APScheduler BackgroundScheduler) does, in order:
    the Ray cluster has the CPUs/GPUs they ask for.
 
 All state lives in the database and in Ray, none in this object: a restarted scheduler picks
-up where the last one stopped (DESIGN.md, "Flow of a run", step 3).
+up where the last one stopped (docs/design.md, "The flow of a run").
 """
 
 from __future__ import annotations

@@ -1,15 +1,16 @@
 """The alignment objective F = mean(R) - lambda * mean(C) and the Lagrangian lambda rule.
 
 After the alignment script of the jbejjani2022 fork of es-fine-tuning-paper
-(`alignment/ES/es-fine-tuning_alignment_accl_api.py`; digest in shared/reference/
-seed-algorithms.md, section 2), which follows the Safe-RLHF objective: each population member
+(`alignment/ES/es-fine-tuning_alignment_accl_api.py`; docs/algorithms.md, "Alignment"),
+which follows the Safe-RLHF objective: each population member
 is scored by its batch means of reward R (helpfulness) and cost C (harmfulness, C > 0 is
 unsafe), and lambda is a Lagrange multiplier on the constraint E[C] <= d, updated in log space
 from the unperturbed model's costs after every step.
 
 Two differences from that code, on purpose:
 - J_C = mean(C) - d. The code adds d (its help text says "J_C = E[C] + d"), which only agrees
-  with the constraint E[C] <= d at its default d = 0; ES Lab's issue 6 specifies minus d.
+  with the constraint E[C] <= d at its default d = 0; minus d keeps the rule a Lagrangian
+  step on that constraint for every d.
 - A scorer failure never becomes a zero score (engine/scoring/client.py raises instead).
 
 Everything here is a pure function on plain arrays; the state that lambda carries from step

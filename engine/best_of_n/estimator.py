@@ -1,8 +1,8 @@
 """The unbiased best-of-n estimator: expected proxy and gold score of the answer a proxy
 reward model picks among n, computed from N >= n sampled answers per prompt.
 
-tlc4418/llm_optimization `src/bon/bon_sampling.py` (digest in shared/reference/
-seed-algorithms.md, section 4): sort a prompt's N answers by proxy score ascending; the i-th
+tlc4418/llm_optimization `src/bon/bon_sampling.py` (Coste et al. 2023, arXiv 2310.02743;
+docs/algorithms.md, "Best-of-n"): sort a prompt's N answers by proxy score ascending; the i-th
 (1-based) is the best of a uniformly drawn n-subset with probability C(i-1, n-1) / C(N, n),
 so E[score of best-of-n] = sum_{i=n}^{N} C(i-1, n-1) / C(N, n) * s_(i), averaged over prompts.
 

@@ -1,7 +1,7 @@
 """The conciseness dataset of ES Lab: short questions with short target answers.
 
-After the conciseness task of VsonicV/es-fine-tuning-paper (shared/reference/
-seed-algorithms.md, section 1 "Rewards and data"), whose training set is two pairs such as
+After the conciseness task of VsonicV/es-fine-tuning-paper (arXiv 2509.24372;
+`es_fine-tuning_conciseness.py`), whose training set is two pairs such as
 "Solve: 3 + 5 =" -> "8"; the questions here are written for ES Lab: simple arithmetic,
 everyday facts and yes/no questions, answerable in a word or a number, so the conciseness
 reward (minus the length difference to the target) is maximised by answering briefly and

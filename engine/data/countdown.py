@@ -1,7 +1,7 @@
 """Countdown puzzles: reach a target with given numbers, each used exactly once.
 
 A seeded generator after nlp-waseda/lbes `src/data_preprocessing/countdown.py`
-(shared/reference/seed-algorithms.md, section 3 "Data"): numbers are drawn from 1-99; the
+(docs/algorithms.md, "Tasks and rewards"): numbers are drawn from 1-99; the
 target is the value of a random expression over all of them, built by repeatedly combining
 two random items with the next operator from a pool that holds + - * / equally often, with
 intermediate denominators bounded by 99 * 99 and an integer result in 1-999; puzzles are

@@ -1,6 +1,6 @@
 """Parquet datasets: one row per prompt, columns `prompt` and `reward_func_args`.
 
-The format of nlp-waseda/lbes (shared/reference/seed-algorithms.md, section 3 "Data"):
+The format of nlp-waseda/lbes (its `src/data_preprocessing/` scripts write it):
 `prompt` holds chat messages ({role, content}, roles system/user/assistant) and
 `reward_func_args` the keyword arguments of the reward function for that prompt.
 

@@ -3,7 +3,7 @@
 Converts a local file in the GSM8K JSON-lines format (one {"question": ..., "answer": ...}
 object per line, the answer ending in "#### <number>") into the dataset format, as
 nlp-waseda/lbes `src/data_preprocessing/gsm8k.py` does from the Hugging Face copy
-(shared/reference/seed-algorithms.md, section 3 "Data"): a system prompt asking for
+(docs/algorithms.md, "Tasks and rewards"): a system prompt asking for
 <think></think> and <answer></answer>, the question as the user message, and
 `reward_func_args = {"ground_truth": <text after the last ####>}`, commas stripped.
 

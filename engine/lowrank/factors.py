@@ -1,6 +1,7 @@
 """Low-rank population members: each perturbation is a seeded LoRA adapter.
 
-EGGROLL (arXiv 2511.16652) and the ES-over-LoRA devlog (shared/seeds/es-lora-devlog.md):
+EGGROLL (arXiv 2511.16652) and earlier ES-over-LoRA work on multi-LoRA servers, whose
+per-layer noise scale (mean |W| of the layer) is kept here (docs/algorithms.md, "Low-rank"):
 instead of perturbing every weight, member i perturbs each target linear weight W (of layer
 l) by a rank-r product,
 

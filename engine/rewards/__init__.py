@@ -2,9 +2,9 @@
 
 A reward function is `compute_score(completion_text: str, **reward_func_args) -> dict` with a
 `reward` key; any other keys are reward parts (for example `format` and `accuracy`), reported
-next to the reward. This is the contract of nlp-waseda/lbes (`reward_func_path`), see
-shared/reference/seed-algorithms.md, section 3. Functions see the completion only, never the
-prompt (DESIGN.md, engine rules).
+next to the reward. This is the contract of nlp-waseda/lbes (`reward_func_path`, the
+functions of `src/reward_funcs/`). Functions see the completion only, never the prompt
+(docs/design.md, "Engine rules").
 
 A function that raises, or returns anything but a dict of finite numbers with a `reward`,
 stops the run with a `RewardError` naming the function and the sample: the jbejjani2022 fork

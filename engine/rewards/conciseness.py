@@ -1,8 +1,9 @@
 """Conciseness reward: minus the length difference, in characters, to a target answer.
 
-The conciseness task of VsonicV/es-fine-tuning-paper (see shared/reference/seed-algorithms.md,
-section 1 "Rewards and data"): R = -|len(y) - len(s)|. Unlike that code, which measured the
-decoded prompt + completion, ES Lab scores the completion only (DESIGN.md, engine rules).
+The conciseness task of VsonicV/es-fine-tuning-paper (arXiv 2509.24372,
+`es_fine-tuning_conciseness.py`): R = -|len(y) - len(s)|. Unlike that code, which measured the
+decoded prompt + completion, ES Lab scores the completion only (docs/design.md, "Engine
+rules").
 The paper reports 1 + R / 2000 to map rewards onto [0, 1]; that is a display choice and not
 applied here.
 """

@@ -1,7 +1,6 @@
 """Countdown reward: reach the target with the given numbers, each used exactly once.
 
-Semantics of nlp-waseda/lbes `src/reward_funcs/countdown.py` (see
-shared/reference/seed-algorithms.md, section 3 "Rewards"):
+Semantics of nlp-waseda/lbes `src/reward_funcs/countdown.py`:
 
 - The completion must hold exactly one each of `<think>`, `</think>`, `<answer>` and
   `</answer>`, in that order, with a non-empty think block.

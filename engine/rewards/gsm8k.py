@@ -1,7 +1,6 @@
 """GSM8K reward: the final integer answer inside <answer></answer>.
 
-Semantics of nlp-waseda/lbes `src/reward_funcs/gsm8k.py` (see
-shared/reference/seed-algorithms.md, section 3 "Rewards"): the completion must start with a
+Semantics of nlp-waseda/lbes `src/reward_funcs/gsm8k.py`: the completion must start with a
 non-empty `<think>` block, hold exactly one each of the four tags, and the answer must be an
 integer, optionally negative and with thousands commas. Commas are ignored when comparing
 with `ground_truth`, as strings (so "1,000" matches "1000", and "42.0" does not match "42").

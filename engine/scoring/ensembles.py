@@ -1,8 +1,8 @@
 """Combining the scores of several reward models (or reward functions) into one reward.
 
 After tlc4418/llm_optimization, "Reward Model Ensembles Help Mitigate Overoptimization"
-(Coste et al. 2023, arXiv 2310.02743; digest in shared/reference/seed-algorithms.md,
-section 4), over k members' scores r_1..r_k of one sample:
+(Coste et al. 2023, arXiv 2310.02743; `src/reward_modeling/scoring/ppo_reward_functions.py`
+and `src/bon/ensemble_rm.py`), over k members' scores r_1..r_k of one sample:
 - mean: mean_k r_k
 - min (worst-case optimization, WCO): min_k r_k
 - uwo (uncertainty-weighted optimization): mean_k r_k - w * Var_k r_k

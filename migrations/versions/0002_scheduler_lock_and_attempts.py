@@ -1,4 +1,4 @@
-"""The scheduler's lock and run attempts (jobs issue).
+"""The scheduler's lock and run attempts.
 
 `scheduler_lock` holds one row per lock name with an owner and a lease that expires, so one
 scheduler runs per database and a crashed one is replaced after its lease runs out.

@@ -293,7 +293,7 @@ def test_new_run_reward_picker_fills_the_path(store):
 
 
 def test_app_never_imports_vllm(seeded_url):
-    """app -> jobs -> engine: rendering every page must not load vLLM (DESIGN.md)."""
+    """app -> jobs -> engine: rendering every page must not load vLLM (docs/design.md)."""
     import subprocess
     import sys
 

@@ -40,7 +40,8 @@ def untimed(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def test_es_on_conciseness_raises_the_mean_reward(pool, tmp_path):
-    """The issue's measure: a short ES run with a fixed seed raises the eval reward."""
+    """The project's measure of learning: a short ES run with a fixed seed raises the eval
+    reward."""
     config = conciseness_config(
         tmp_path, population_size=8, data_batch_size=8, max_steps=3, max_tokens=64,
         eval_file=str(CONCISENESS / "test.parquet"), eval_strategy="steps", eval_steps=3)

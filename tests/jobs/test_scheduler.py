@@ -1,5 +1,6 @@
 """The scheduler with real Ray jobs, a real SQLite file and the real worker process (the
-trainer is the stand-in of tests/jobs/standin.py): the scenarios of the jobs issue, item 6.
+trainer is the stand-in of tests/jobs/standin.py): queueing, concurrency, cancelling, dead
+jobs and heartbeats, resume, restarts and one scheduler per database.
 tests/jobs/test_end_to_end.py repeats the main ones with the real engine."""
 
 from __future__ import annotations
