@@ -1,7 +1,7 @@
 """What an alignment run adds to an ES step: fitness by the alignment objective, the lambda
 update from the unperturbed model's costs, and the step's alignment metrics.
 
-The trainer holds one Aligner per run (engine/trainer.py, `es_step`); its lambda state goes
+The trainer holds one Aligner per run (engine/trainer/es_step.py); its lambda state goes
 into every checkpoint (`snapshot`), so a resumed run continues with the same lambda and J_C
 average. The rule itself is engine/alignment/lagrangian.py.
 """

@@ -24,7 +24,8 @@ from engine.paths import resolve_path
 from engine.scoring.sources import RewardSources
 
 RUN_PROXY = "run"
-STATE_FILE = "trainer_state.json"  # engine/trainer.py's, read here without importing vLLM
+# engine/trainer/checkpoints.py writes it; read here without importing vLLM
+STATE_FILE = "trainer_state.json"
 
 
 def checkpoint_config(checkpoint: Path) -> RunConfig:

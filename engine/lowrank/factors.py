@@ -24,7 +24,7 @@ coefficients, never shipped as matrices) or folded into one trained adapter of r
 (`adapter`): the trained delta plus the update, truncated to rank r by an exact SVD of the
 low-rank factors (`TrainedAdapter.add`). A and B are regenerated from the seed and never
 saved: the serving engine holds a step's factors in its LoRA slots, and (its worker) in
-memory for that step's update (engine/backends/vllm/lora_engine.SeedFactors).
+memory for that step's update (engine/backends/vllm/lora_slots.SeedFactors).
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class LoraPopulation:
         return results
 
     def _member_spec(self, step: int) -> dict[str, Any]:
-        """What the workers need to draw this step's members (lora_engine.write_member_slots):
+        """What the workers need to draw this step's members (lora_slots.write_member_slots):
         targets, rank, scales and, in adapter mode, the file of the trained factors."""
         from engine.backends.vllm.lora_slots import lora_update_spec
 

@@ -133,7 +133,7 @@ class VLLMEngine:
         adapters: Sequence[str | None] | None = None,
     ) -> list[list[Completion]]:
         """n completions per prompt, in prompt order; `adapters` (multi-LoRA engines only)
-        names a LoRA folder per prompt, None for the base model (lora_engine.py)."""
+        names a LoRA folder per prompt, None for the base model (lora_slots.py)."""
         from vllm import SamplingParams
 
         if not prompts:
@@ -213,7 +213,7 @@ class VLLMEngine:
 
     def lora_update(self, spec: dict[str, Any], seeds: Sequence[int],
                     coefficients: Sequence[float]) -> None:
-        """Merge a low-rank ES update into the base weights (lora_engine.lora_update_spec)."""
+        """Merge a low-rank ES update into the base weights (lora_slots.lora_update_spec)."""
         self._rpc("es_lora_update", spec, [int(s) for s in seeds],
                   [float(c) for c in coefficients])
         self.llm.reset_prefix_cache()
@@ -221,7 +221,7 @@ class VLLMEngine:
     def set_lora_members(self, members: Sequence[tuple[int, int, float]],
                          spec: dict[str, Any]) -> None:
         """Put population members (slot, seed, scale) into this engine's LoRA slots; then
-        `generate(adapters=[slot, ...])` serves them (lora_engine.py). The first call, and
+        `generate(adapters=[slot, ...])` serves them (lora_slots.py). The first call, and
         any after another adapter took a member's slot, registers the slots with a warm-up
         call of one token per slot."""
         if self._member_placeholder is None:
