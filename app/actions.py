@@ -33,8 +33,9 @@ def allowed(action: str) -> bool:
     return True
 
 
-def launch(store: Store, config: RunConfig, *, parent_id: int | None = None,
-           tags: Sequence[str] = ()) -> RunRecord | None:
+def launch(
+    store: Store, config: RunConfig, *, parent_id: int | None = None, tags: Sequence[str] = ()
+) -> RunRecord | None:
     """Queue a run as `eslab submit` does; None when the user may not. Errors of the run's
     configuration (ConfigError, DatasetError, ...) reach the caller, which shows them."""
     if not allowed("launch runs"):
@@ -89,8 +90,10 @@ def delete(store: Store, runs: Sequence[RunRecord]) -> bool:
 @st.dialog("Delete runs?")
 def confirm_delete(store: Store, runs: list[RunRecord]) -> None:
     """Ask first; deleting removes every metric, sample and event of the runs."""
-    st.write("This removes everything these runs recorded from the database "
-             "(their output folders stay on disk):")
+    st.write(
+        "This removes everything these runs recorded from the database "
+        "(their output folders stay on disk):"
+    )
     st.markdown("\n".join(f"- {r.name} (#{r.id})" for r in runs))
     if st.button("Delete", type="primary", key="delete_confirm") and delete(store, runs):
         st.rerun()
@@ -115,13 +118,15 @@ def buttons(store: Store, run: RunRecord, prefix: str) -> None:
         st.caption("You are a viewer: cancelling, cloning and resuming runs needs an editor.")
         return
     a, b, c = st.columns(3)
-    if a.button("Cancel", key=f"{prefix}_cancel", disabled=not can_cancel(run),
-                icon=":material/stop:"):
+    if a.button(
+        "Cancel", key=f"{prefix}_cancel", disabled=not can_cancel(run), icon=":material/stop:"
+    ):
         cancel(store, run.id)
         st.rerun()
     if b.button("Clone", key=f"{prefix}_clone", icon=":material/content_copy:"):
         clone(run.id)
-    if c.button("Resume", key=f"{prefix}_resume", disabled=not can_resume(run),
-                icon=":material/play_arrow:"):
+    if c.button(
+        "Resume", key=f"{prefix}_resume", disabled=not can_resume(run), icon=":material/play_arrow:"
+    ):
         resume(store, run.id)
         st.rerun()

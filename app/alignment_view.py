@@ -24,8 +24,10 @@ MEMBER_PREFIX = f"{mk.TRAIN}/member/"
 
 def _lines(store: Store, run: RunRecord, keys: dict[str, str], title: str) -> alt.Chart | None:
     """Several metrics on one chart, coloured by their label."""
-    frames = [charts.frame(store.metric_buckets(run.id, key)).assign(series=label)
-              for key, label in keys.items()]
+    frames = [
+        charts.frame(store.metric_buckets(run.id, key)).assign(series=label)
+        for key, label in keys.items()
+    ]
     frames = [f for f in frames if not f.empty]
     if not frames:
         return None
@@ -37,15 +39,26 @@ def alignment_view(store: Store, run: RunRecord) -> None:
     if mk.LAMBDA not in keys:
         st.info("Not an alignment run: set scorer_url (and reward_source) to weigh a cost.")
         return
-    members = {k: k[len(MEMBER_PREFIX):].rsplit("/", 1)[0] for k in keys
-               if k.startswith(MEMBER_PREFIX) and k.endswith("/mean")}
+    members = {
+        k: k[len(MEMBER_PREFIX) :].rsplit("/", 1)[0]
+        for k in keys
+        if k.startswith(MEMBER_PREFIX) and k.endswith("/mean")
+    }
     figures = [
         _lines(store, run, {mk.LAMBDA: "lambda"}, "lambda"),
         _lines(store, run, {mk.JC_RAW: "raw", mk.JC_SMOOTHED: "smoothed"}, "J_C = mean(C) - d"),
-        _lines(store, run, {mk.reward_key(mk.TRAIN): "reward", mk.reward_key(mk.TRAIN, COST):
-                            "cost"}, "mean reward and cost"),
-        _lines(store, run, {mk.SAFE_RATIO: "population", mk.BASE_SAFE_RATIO: "unperturbed"},
-               "safe ratio (cost <= 0)"),
+        _lines(
+            store,
+            run,
+            {mk.reward_key(mk.TRAIN): "reward", mk.reward_key(mk.TRAIN, COST): "cost"},
+            "mean reward and cost",
+        ),
+        _lines(
+            store,
+            run,
+            {mk.SAFE_RATIO: "population", mk.BASE_SAFE_RATIO: "unperturbed"},
+            "safe ratio (cost <= 0)",
+        ),
         _lines(store, run, members, "ensemble members' mean score") if members else None,
     ]
     columns = st.columns(2)
@@ -61,15 +74,30 @@ def _scatter(store: Store, run: RunRecord) -> None:
         return
     step = _step_picker(steps, "run_alignment_step", "alignment_step")
     rows = [asdict(s) for s in store.samples(run.id, split="train", step=step)]
-    df = pd.DataFrame([{"reward": r["reward"], COST: r["reward_parts"].get(COST),
-                        "model": "unperturbed" if r["member"] is None else f"member {r['member']}",
-                        "completion": r["completion"]} for r in rows]).dropna()
+    df = pd.DataFrame(
+        [
+            {
+                "reward": r["reward"],
+                COST: r["reward_parts"].get(COST),
+                "model": "unperturbed" if r["member"] is None else f"member {r['member']}",
+                "completion": r["completion"],
+            }
+            for r in rows
+        ]
+    ).dropna()
     if df.empty:
         return
-    st.altair_chart(alt.Chart(df).mark_circle(size=40, opacity=0.7).encode(
-        x=alt.X("reward:Q"), y=alt.Y(f"{COST}:Q"), color=alt.Color("model:N"),
-        tooltip=["model", "reward", COST, "completion"],
-    ).properties(title=f"reward vs cost of the samples of step {step}", height=300))
+    st.altair_chart(
+        alt.Chart(df)
+        .mark_circle(size=40, opacity=0.7)
+        .encode(
+            x=alt.X("reward:Q"),
+            y=alt.Y(f"{COST}:Q"),
+            color=alt.Color("model:N"),
+            tooltip=["model", "reward", COST, "completion"],
+        )
+        .properties(title=f"reward vs cost of the samples of step {step}", height=300)
+    )
 
 
 def _best_of_n(store: Store, run: RunRecord) -> None:
@@ -78,14 +106,32 @@ def _best_of_n(store: Store, run: RunRecord) -> None:
         path = resolve_path(ckpt.path) / "bon.json"
         if path.is_file():
             for p in json.loads(path.read_text()):
-                curves += [{"n": p["n"], "score": p["proxy_score"], "kind": "proxy",
-                            "checkpoint": f"step {ckpt.step}"},
-                           {"n": p["n"], "score": p["gold_score"], "kind": "gold",
-                            "checkpoint": f"step {ckpt.step}"}]
+                curves += [
+                    {
+                        "n": p["n"],
+                        "score": p["proxy_score"],
+                        "kind": "proxy",
+                        "checkpoint": f"step {ckpt.step}",
+                    },
+                    {
+                        "n": p["n"],
+                        "score": p["gold_score"],
+                        "kind": "gold",
+                        "checkpoint": f"step {ckpt.step}",
+                    },
+                ]
     if not curves:
         st.caption("Best-of-n: run `eslab bon RUN --gold SPEC` to add curves here.")
         return
-    st.altair_chart(alt.Chart(pd.DataFrame(curves)).mark_line(point=True).encode(
-        x=alt.X("n:Q", scale=alt.Scale(type="log", base=2)), y="score:Q",
-        color="checkpoint:N", strokeDash="kind:N", tooltip=["checkpoint", "kind", "n", "score"],
-    ).properties(title="best-of-n: proxy vs gold score", height=280))
+    st.altair_chart(
+        alt.Chart(pd.DataFrame(curves))
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("n:Q", scale=alt.Scale(type="log", base=2)),
+            y="score:Q",
+            color="checkpoint:N",
+            strokeDash="kind:N",
+            tooltip=["checkpoint", "kind", "n", "score"],
+        )
+        .properties(title="best-of-n: proxy vs gold score", height=280)
+    )

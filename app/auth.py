@@ -63,8 +63,9 @@ LOCAL_USER = User("local", "editor")  # everyone, when no auth file is configure
 def hash_password(password: str) -> str:
     """A salted scrypt hash with its parameters: `scrypt$N$r$p$salt$hash` (base64 parts)."""
     if len(password) < MIN_PASSWORD:
-        raise AuthError(f"the password must have at least {MIN_PASSWORD} characters, "
-                        f"got {len(password)}")
+        raise AuthError(
+            f"the password must have at least {MIN_PASSWORD} characters, got {len(password)}"
+        )
     salt = secrets.token_bytes(16)
     digest = hashlib.scrypt(password.encode(), salt=salt, n=SCRYPT_N, r=SCRYPT_R, p=SCRYPT_P)
     b64 = base64.b64encode
@@ -79,8 +80,14 @@ def verify_password(password: str, stored: str) -> bool:
         if scheme != "scrypt":
             return False
         expected = base64.b64decode(digest, validate=True)
-        actual = hashlib.scrypt(password.encode(), salt=base64.b64decode(salt, validate=True),
-                                n=int(n), r=int(r), p=int(p), dklen=len(expected))
+        actual = hashlib.scrypt(
+            password.encode(),
+            salt=base64.b64decode(salt, validate=True),
+            n=int(n),
+            r=int(r),
+            p=int(p),
+            dklen=len(expected),
+        )
     except (ValueError, TypeError):
         return False
     return hmac.compare_digest(actual, expected)
@@ -97,19 +104,22 @@ def auth_path() -> Path | None:
 def load_users(path: Path) -> dict[str, User]:
     """The users of `path`; AuthError naming the file and what is wrong with it."""
     if not path.is_file():
-        raise AuthError(f"{ENV} names {path}, which does not exist; create it with "
-                        "`eslab users add NAME --role editor`")
+        raise AuthError(
+            f"{ENV} names {path}, which does not exist; create it with "
+            "`eslab users add NAME --role editor`"
+        )
     try:
         text = path.read_text()
         data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise AuthError(f"auth file {path}: cannot be read: {' '.join(str(exc).split())}") \
-            from exc
+        raise AuthError(f"auth file {path}: cannot be read: {' '.join(str(exc).split())}") from exc
     if data is None:
         data = {"users": {}}
     if not isinstance(data, dict) or not isinstance(data.get("users", {}), dict):
-        raise AuthError(f"auth file {path}: must hold a mapping `users: {{NAME: {{role: ..., "
-                        "password: ...}}}}`")
+        raise AuthError(
+            f"auth file {path}: must hold a mapping `users: {{NAME: {{role: ..., "
+            "password: ...}}}}`"
+        )
     users = {}
     for name, entry in (data.get("users") or {}).items():
         where = f"auth file {path}: user {name!r}"
@@ -118,23 +128,32 @@ def load_users(path: Path) -> dict[str, User]:
         role, hashed = entry.get("role"), entry.get("password")
         if role not in ROLES:
             raise AuthError(f"{where}: role must be one of {', '.join(ROLES)}, got {role!r}")
-        if not isinstance(hashed, str) or not hashed.startswith("scrypt$") \
-                or hashed.count("$") != 5:
-            raise AuthError(f"{where}: password must be a scrypt hash written by `eslab users "
-                            "add` (plain passwords are refused)")
+        if (
+            not isinstance(hashed, str)
+            or not hashed.startswith("scrypt$")
+            or hashed.count("$") != 5
+        ):
+            raise AuthError(
+                f"{where}: password must be a scrypt hash written by `eslab users "
+                "add` (plain passwords are refused)"
+            )
         users[str(name)] = User(str(name), role, hashed)
     return users
 
 
 def save_users(path: Path, users: dict[str, User]) -> None:
     """Write `users` to `path` (YAML, or TOML for .toml), readable by its owner only."""
-    entries = {u.name: {"role": u.role, "password": u.password_hash}
-               for u in sorted(users.values(), key=lambda u: u.name)}
+    entries = {
+        u.name: {"role": u.role, "password": u.password_hash}
+        for u in sorted(users.values(), key=lambda u: u.name)
+    }
     if path.suffix == ".toml":
         # Names and hashes are plain strings; JSON string escapes are valid TOML ones.
-        text = "".join(f"[users.{json.dumps(name)}]\nrole = {json.dumps(e['role'])}\n"
-                       f"password = {json.dumps(e['password'])}\n\n"
-                       for name, e in entries.items())
+        text = "".join(
+            f"[users.{json.dumps(name)}]\nrole = {json.dumps(e['role'])}\n"
+            f"password = {json.dumps(e['password'])}\n\n"
+            for name, e in entries.items()
+        )
     else:
         text = yaml.safe_dump({"users": entries}, sort_keys=True)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -157,8 +176,7 @@ def add_user(path: Path, name: str, role: str, password: str) -> User:
 def remove_user(path: Path, name: str) -> None:
     users = load_users(path)
     if name not in users:
-        raise AuthError(f"auth file {path}: no user {name!r} (users: "
-                        f"{', '.join(users) or 'none'})")
+        raise AuthError(f"auth file {path}: no user {name!r} (users: {', '.join(users) or 'none'})")
     del users[name]
     save_users(path, users)
 

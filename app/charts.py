@@ -12,8 +12,9 @@ import pandas as pd
 MAX_POINTS = 400
 
 
-def downsample(df: pd.DataFrame, x: str, y: str, points: int = MAX_POINTS,
-               by: str | None = None) -> pd.DataFrame:
+def downsample(
+    df: pd.DataFrame, x: str, y: str, points: int = MAX_POINTS, by: str | None = None
+) -> pd.DataFrame:
     """At most `points` buckets along `x` (per `by` group): each row has the bucket's first x,
     the mean of `y`, and its `min` and `max`, so no spike is lost."""
     if df.empty:
@@ -25,7 +26,8 @@ def downsample(df: pd.DataFrame, x: str, y: str, points: int = MAX_POINTS,
         size = max(1, -(-len(part) // points))
         bucket = part.index // size
         reduced = part.groupby(bucket).agg(
-            **{x: (x, "first"), y: (y, "mean"), "min": (y, "min"), "max": (y, "max")})
+            **{x: (x, "first"), y: (y, "mean"), "min": (y, "min"), "max": (y, "max")}
+        )
         if by:
             reduced[by] = key[0] if isinstance(key, tuple) else key
         out.append(reduced)
@@ -43,19 +45,29 @@ def ema(values: Sequence[float] | pd.Series, smoothing: float) -> pd.Series:
 def x_axis(x: str = "step") -> alt.X:
     """Steps are whole numbers: no 1.05 ticks; wall time stays continuous. The labelExpr
     blanks fractional ticks where a renderer ignores tickMinStep (vl-convert's does)."""
-    axis = (alt.Axis(tickMinStep=1, format="d", labelExpr="datum.value % 1 ? '' : datum.label")
-            if x == "step" else alt.Axis())
+    axis = (
+        alt.Axis(tickMinStep=1, format="d", labelExpr="datum.value % 1 ? '' : datum.label")
+        if x == "step"
+        else alt.Axis()
+    )
     return alt.X(f"{x}:Q", title=x.replace("_", " "), axis=axis)
 
 
-def metric_chart(df: pd.DataFrame, x: str, title: str, color: str | None = None,
-                 band: bool = True, height: int = 220) -> alt.Chart:
+def metric_chart(
+    df: pd.DataFrame,
+    x: str,
+    title: str,
+    color: str | None = None,
+    band: bool = True,
+    height: int = 220,
+) -> alt.Chart:
     """A line of `value` against `x`, a min-max band where the data were bucketed, colour by
     `color` (a run name in Compare)."""
     base = alt.Chart(df).encode(x=x_axis(x))
     enc = {"color": alt.Color(f"{color}:N", title=None)} if color else {}
-    line = base.mark_line().encode(y=alt.Y("value:Q", title=None), **enc,
-                                   tooltip=[x, "value"] + ([color] if color else []))
+    line = base.mark_line().encode(
+        y=alt.Y("value:Q", title=None), **enc, tooltip=[x, "value"] + ([color] if color else [])
+    )
     layers = [line]
     if band and {"min", "max"} <= set(df.columns) and (df["min"] != df["max"]).any():
         layers.insert(0, base.mark_area(opacity=0.2).encode(y="min:Q", y2="max:Q", **enc))
@@ -64,22 +76,30 @@ def metric_chart(df: pd.DataFrame, x: str, title: str, color: str | None = None,
 
 def planned_chart(done: pd.DataFrame, plan: pd.DataFrame, title: str) -> alt.Chart:
     """What was used (solid) and the planned schedule ahead (dashed)."""
-    planned = alt.Chart(plan).mark_line(strokeDash=[4, 4], color="gray").encode(
-        x=x_axis(), y=alt.Y("value:Q", title=None))
+    planned = (
+        alt.Chart(plan)
+        .mark_line(strokeDash=[4, 4], color="gray")
+        .encode(x=x_axis(), y=alt.Y("value:Q", title=None))
+    )
     used = alt.Chart(done).mark_line().encode(x="step:Q", y="value:Q")
     return alt.layer(planned, used).properties(title=title, height=220)
 
 
 def population_chart(points: pd.DataFrame, summary: pd.DataFrame) -> alt.Chart:
     """Every member's fitness as points, the mean as a line and the min-max as a band."""
-    band = alt.Chart(summary).mark_area(opacity=0.2).encode(
-        x=x_axis(), y=alt.Y("min:Q", title="fitness"), y2="max:Q")
+    band = (
+        alt.Chart(summary)
+        .mark_area(opacity=0.2)
+        .encode(x=x_axis(), y=alt.Y("min:Q", title="fitness"), y2="max:Q")
+    )
     mean = alt.Chart(summary).mark_line(color="black").encode(x="step:Q", y="mean:Q")
-    dots = alt.Chart(points).mark_circle(size=30, opacity=0.6).encode(
-        x="step:Q", y="fitness:Q", tooltip=["step", "member", "fitness"])
+    dots = (
+        alt.Chart(points)
+        .mark_circle(size=30, opacity=0.6)
+        .encode(x="step:Q", y="fitness:Q", tooltip=["step", "member", "fitness"])
+    )
     # the members on top: under the mean line they would hide
-    return alt.layer(band, mean, dots).properties(title="population fitness per step",
-                                                  height=260)
+    return alt.layer(band, mean, dots).properties(title="population fitness per step", height=260)
 
 
 def frame(buckets: list[dict], x: str = "step", smoothing: float = 0.0) -> pd.DataFrame:

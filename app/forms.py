@@ -13,8 +13,14 @@ from engine.config import ConfigError, FieldSpec, RunConfig, config_fields, flat
 
 PREFIX = "new_"
 GROUP_TITLES = {
-    "": "Method", "model": "Model and engine", "sampling": "Sampling", "es": "ES",
-    "data": "Data", "reward": "Reward", "lbes": "LBES filters", "eval": "Eval and save",
+    "": "Method",
+    "model": "Model and engine",
+    "sampling": "Sampling",
+    "es": "ES",
+    "data": "Data",
+    "reward": "Reward",
+    "lbes": "LBES filters",
+    "eval": "Eval and save",
     "logging": "Logging",
 }
 
@@ -69,8 +75,7 @@ def _widget(spec: FieldSpec, errors: dict[str, str]) -> None:
     elif spec.choices:
         st.selectbox(label, spec.choices, key=k, help=spec.help)
     else:
-        st.text_input(label, key=k, help=spec.help,
-                      placeholder="none" if spec.nullable else None)
+        st.text_input(label, key=k, help=spec.help, placeholder="none" if spec.nullable else None)
     if spec.name in errors:
         st.error(errors[spec.name], icon=":material/error:")
 
@@ -87,8 +92,9 @@ def render_fields(errors: dict[str, str]) -> None:
         if not members:
             continue
         failing = any(s.name in errors for s in members)
-        with st.expander(GROUP_TITLES.get(group, group), expanded=group in ("", "data",
-                                                                             "reward") or failing):
+        with st.expander(
+            GROUP_TITLES.get(group, group), expanded=group in ("", "data", "reward") or failing
+        ):
             cols = st.columns(2)
             for i, spec in enumerate(members):
                 with cols[i % 2]:
@@ -122,8 +128,9 @@ def validate(values: Mapping[str, Any]) -> tuple[RunConfig | None, dict[str, str
         return None, errors
 
 
-def config_diff(configs: Mapping[str, Mapping[str, Any]], only_differences: bool = True
-                ) -> pd.DataFrame:
+def config_diff(
+    configs: Mapping[str, Mapping[str, Any]], only_differences: bool = True
+) -> pd.DataFrame:
     """One row per option, one column per run; with only_differences, the rows whose values
     are not all equal (an option a run lacks counts as different)."""
     names = list(configs)
@@ -135,6 +142,5 @@ def config_diff(configs: Mapping[str, Mapping[str, Any]], only_differences: bool
         values = [configs[n].get(option, "(missing)") for n in names]
         if only_differences and all(v == values[0] for v in values[1:]):
             continue
-        rows.append({"option": option, **{n: shown(v) for n, v in zip(names, values,
-                                                                     strict=True)}})
+        rows.append({"option": option, **{n: shown(v) for n, v in zip(names, values, strict=True)}})
     return pd.DataFrame(rows, columns=["option", *names])

@@ -36,8 +36,7 @@ def login_gate() -> auth.User | None:
             st.session_state[auth.SESSION_KEY] = auth.User(user.name, user.role)  # no hash
             st.rerun()
     if not users:
-        st.warning(f"{path} has no users yet: add one with `eslab users add NAME --role "
-                   "editor`.")
+        st.warning(f"{path} has no users yet: add one with `eslab users add NAME --role editor`.")
     return None
 
 

@@ -11,10 +11,8 @@ pages = [
     st.Page("app_pages/runs.py", title="Runs", icon=":material/list:", default=True),
     st.Page("app_pages/new_run.py", title="New run", icon=":material/add:", url_path="new"),
     st.Page("app_pages/run.py", title="Run", icon=":material/monitoring:", url_path="run"),
-    st.Page("app_pages/compare.py", title="Compare", icon=":material/compare:",
-            url_path="compare"),
-    st.Page("app_pages/samples.py", title="Samples", icon=":material/article:",
-            url_path="samples"),
+    st.Page("app_pages/compare.py", title="Compare", icon=":material/compare:", url_path="compare"),
+    st.Page("app_pages/samples.py", title="Samples", icon=":material/article:", url_path="samples"),
 ]
 user = login_gate()
 if user is None:

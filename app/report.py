@@ -51,26 +51,43 @@ def _table(rows: list[tuple[str, object]] | list[dict], header: bool = False) ->
     if header and rows:
         keys = list(rows[0])
         head = "".join(f"<th>{html.escape(k)}</th>" for k in keys)
-        body = "".join("<tr>" + "".join(f"<td><pre>{html.escape(str(r[k]))}</pre></td>"
-                                        for k in keys) + "</tr>" for r in rows)
+        body = "".join(
+            "<tr>"
+            + "".join(f"<td><pre>{html.escape(str(r[k]))}</pre></td>" for k in keys)
+            + "</tr>"
+            for r in rows
+        )
         return f"<table><tr>{head}</tr>{body}</table>"
-    return "<table>" + "".join(f"<tr><th>{html.escape(str(k))}</th>"
-                               f"<td>{html.escape(str(v))}</td></tr>" for k, v in rows) \
+    return (
+        "<table>"
+        + "".join(
+            f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+            for k, v in rows
+        )
         + "</table>"
+    )
 
 
 def summary_rows(store: Store, run: RunRecord) -> list[tuple[str, object]]:
     latest = store.latest_metrics([run.id]).get(run.id, {})
     best = store.best_metrics([run.id], mk.reward_key(mk.EVAL)).get(run.id)
-    return [("status", run.status.value), ("method", run.method), ("mode", mode(run)),
-            ("model", run.config.get("model")), ("task", run.config.get("train_file")),
-            ("step", f"{run.step} / {run.total_steps or '?'}"),
-            ("created", run.created_at), ("started", run.started_at or "–"),
-            ("finished", run.finished_at or "–"), ("elapsed", duration(elapsed(run))),
-            ("latest train reward", latest.get(mk.reward_key(mk.TRAIN), "–")),
-            ("best eval reward", "–" if best is None else best),
-            ("tags", ", ".join(run.tags) or "–"), ("uuid", run.uuid),
-            *([("error", run.error)] if run.error else [])]
+    return [
+        ("status", run.status.value),
+        ("method", run.method),
+        ("mode", mode(run)),
+        ("model", run.config.get("model")),
+        ("task", run.config.get("train_file")),
+        ("step", f"{run.step} / {run.total_steps or '?'}"),
+        ("created", run.created_at),
+        ("started", run.started_at or "–"),
+        ("finished", run.finished_at or "–"),
+        ("elapsed", duration(elapsed(run))),
+        ("latest train reward", latest.get(mk.reward_key(mk.TRAIN), "–")),
+        ("best eval reward", "–" if best is None else best),
+        ("tags", ", ".join(run.tags) or "–"),
+        ("uuid", run.uuid),
+        *([("error", run.error)] if run.error else []),
+    ]
 
 
 def sample_rows(store: Store, run: RunRecord) -> list[dict]:
@@ -80,8 +97,15 @@ def sample_rows(store: Store, run: RunRecord) -> list[dict]:
         steps = store.sample_steps(run.id, split)
         if steps:
             for s in store.samples(run.id, split=split, step=steps[-1])[:SAMPLES_PER_SPLIT]:
-                rows.append({"split": split, "step": steps[-1], "prompt": s.prompt,
-                             "completion": s.completion, "reward": s.reward})
+                rows.append(
+                    {
+                        "split": split,
+                        "step": steps[-1],
+                        "prompt": s.prompt,
+                        "completion": s.completion,
+                        "reward": s.reward,
+                    }
+                )
     return rows
 
 
@@ -90,8 +114,13 @@ def run_report(store: Store, run_id: int | str) -> str:
     run = store.get_run(run_id)
     figures = [f for f in (run_charts.population(store, run),) if f is not None]
     figures += run_charts.metric_figures(store, run)
-    svgs = "".join(f'<div class="chart">{chart_svg(f.properties(width=CHART_WIDTH))}</div>'
-                   for f in figures) or "<p>No steps recorded yet.</p>"
+    svgs = (
+        "".join(
+            f'<div class="chart">{chart_svg(f.properties(width=CHART_WIDTH))}</div>'
+            for f in figures
+        )
+        or "<p>No steps recorded yet.</p>"
+    )
     samples = sample_rows(store, run)
     written = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     title = html.escape(run.name)

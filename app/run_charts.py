@@ -12,43 +12,71 @@ from engine.schedules import planned_schedule
 from jobs.store.records import RunRecord
 from jobs.store.store import Store
 
-REWARD_CHARTS = ((mk.reward_key(mk.TRAIN), "train reward mean"),
-                 (mk.reward_key(mk.TRAIN, stat="std"), "train reward std"),
-                 (mk.reward_key(mk.EVAL), "eval reward mean"),
-                 (mk.TOKENS_PER_SECOND, "tokens / s"))
+REWARD_CHARTS = (
+    (mk.reward_key(mk.TRAIN), "train reward mean"),
+    (mk.reward_key(mk.TRAIN, stat="std"), "train reward std"),
+    (mk.reward_key(mk.EVAL), "eval reward mean"),
+    (mk.TOKENS_PER_SECOND, "tokens / s"),
+)
 # (metric, scheduler type option, initial, final, rate, power) of each planned schedule
-SCHEDULES = ((mk.NOISE_STD, "noise_std_scheduler_type", "noise_std", "noise_std_final",
-              "noise_std_scheduler_rate", "noise_std_scheduler_power"),
-             (mk.LEARNING_RATE, "lr_scheduler_type", "learning_rate", "lr_final",
-              "lr_scheduler_rate", "lr_scheduler_power"))
+SCHEDULES = (
+    (
+        mk.NOISE_STD,
+        "noise_std_scheduler_type",
+        "noise_std",
+        "noise_std_final",
+        "noise_std_scheduler_rate",
+        "noise_std_scheduler_power",
+    ),
+    (
+        mk.LEARNING_RATE,
+        "lr_scheduler_type",
+        "learning_rate",
+        "lr_final",
+        "lr_scheduler_rate",
+        "lr_scheduler_power",
+    ),
+)
 
 
 def population(store: Store, run: RunRecord) -> alt.LayerChart | None:
     """Every member's fitness per step, or None before the first step."""
-    points = pd.DataFrame(store.population_points(run.id),
-                          columns=["step", "member", "fitness", "shaped_fitness"])
+    points = pd.DataFrame(
+        store.population_points(run.id), columns=["step", "member", "fitness", "shaped_fitness"]
+    )
     if points.empty:
         return None
     summary = points.groupby("step")["fitness"].agg(["min", "max", "mean"]).reset_index()
     return charts.population_chart(points, summary)
 
 
-def schedule(store: Store, run: RunRecord, key: str, kind: str, initial: str, final: str,
-             rate: str, power: str) -> alt.LayerChart:
+def schedule(
+    store: Store,
+    run: RunRecord,
+    key: str,
+    kind: str,
+    initial: str,
+    final: str,
+    rate: str,
+    power: str,
+) -> alt.LayerChart:
     """What was used so far and, dashed, the whole planned schedule."""
     cfg = run.config
     done = charts.frame(store.metric_buckets(run.id, key), "step")
     plan = pd.DataFrame(columns=["step", "value"])
     if run.total_steps and cfg.get(kind):
-        values = planned_schedule(cfg[kind], cfg[initial], cfg[final], run.total_steps,
-                                  cfg[rate], cfg[power])
-        plan = charts.downsample(pd.DataFrame({"step": range(len(values)), "value": values}),
-                                 "step", "value")
+        values = planned_schedule(
+            cfg[kind], cfg[initial], cfg[final], run.total_steps, cfg[rate], cfg[power]
+        )
+        plan = charts.downsample(
+            pd.DataFrame({"step": range(len(values)), "value": values}), "step", "value"
+        )
     return charts.planned_chart(done, plan, f"{key} (planned dashed)")
 
 
-def metric_figures(store: Store, run: RunRecord, x: str = "step",
-                   smoothing: float = 0.0) -> list[alt.LayerChart]:
+def metric_figures(
+    store: Store, run: RunRecord, x: str = "step", smoothing: float = 0.0
+) -> list[alt.LayerChart]:
     """Rewards, tokens/s, the schedules and the time per phase, against `x`."""
     figures = []
     for key, title in REWARD_CHARTS:
@@ -56,10 +84,16 @@ def metric_figures(store: Store, run: RunRecord, x: str = "step",
         if not df.empty:
             figures.append(charts.metric_chart(df, x, title))
     figures += [schedule(store, run, *options) for options in SCHEDULES]
-    phases = [charts.frame(store.metric_buckets(run.id, mk.time_key(p)), x).assign(phase=p)
-              for p in mk.PHASES if p != "step"]
+    phases = [
+        charts.frame(store.metric_buckets(run.id, mk.time_key(p)), x).assign(phase=p)
+        for p in mk.PHASES
+        if p != "step"
+    ]
     phases = [p for p in phases if not p.empty]
     if phases:
-        figures.append(charts.metric_chart(pd.concat(phases), x, "seconds per phase",
-                                           color="phase", band=False))
+        figures.append(
+            charts.metric_chart(
+                pd.concat(phases), x, "seconds per phase", color="phase", band=False
+            )
+        )
     return figures

@@ -27,9 +27,13 @@ def _step_picker(steps: list[int], key: str, url: str) -> int:
 def samples_table(store: Store, run: RunRecord, prefix: str) -> None:
     """Completions of one split and step, filtered by reward; split/step/min reward in the URL."""
     c1, c2 = st.columns([1, 3])
-    split = c1.radio("Split", SPLITS, index=SPLITS.index(param("split", "train"))
-                     if param("split", "train") in SPLITS else 0, key=f"{prefix}_split",
-                     horizontal=True)
+    split = c1.radio(
+        "Split",
+        SPLITS,
+        index=SPLITS.index(param("split", "train")) if param("split", "train") in SPLITS else 0,
+        key=f"{prefix}_split",
+        horizontal=True,
+    )
     set_param("split", "" if split == "train" else split)
     steps = store.sample_steps(run.id, split)
     if not steps:
@@ -40,16 +44,36 @@ def samples_table(store: Store, run: RunRecord, prefix: str) -> None:
     rows = pd.DataFrame([asdict(x) for x in store.samples(run.id, split=split, step=step)])
     rewards = rows["reward"].dropna()
     if len(rewards) and rewards.min() < rewards.max():
-        low, high = st.slider("Reward between", float(rewards.min()), float(rewards.max()),
-                              (float(rewards.min()), float(rewards.max())),
-                              key=f"{prefix}_reward")
+        low, high = st.slider(
+            "Reward between",
+            float(rewards.min()),
+            float(rewards.max()),
+            (float(rewards.min()), float(rewards.max())),
+            key=f"{prefix}_reward",
+        )
         rows = rows[rows["reward"].between(low, high) | rows["reward"].isna()]
     st.caption(f"{len(rows)} samples at step {step}")
-    columns = ["prompt_index", "sample_index", "member", "reward", "reward_parts", "prompt",
-               "completion", "logprob", "kept", "dropped_by"]
-    st.dataframe(rows[columns], hide_index=True, key=f"{prefix}_table",
-                 column_config={"prompt": st.column_config.TextColumn(width="medium"),
-                                "completion": st.column_config.TextColumn(width="large")})
+    columns = [
+        "prompt_index",
+        "sample_index",
+        "member",
+        "reward",
+        "reward_parts",
+        "prompt",
+        "completion",
+        "logprob",
+        "kept",
+        "dropped_by",
+    ]
+    st.dataframe(
+        rows[columns],
+        hide_index=True,
+        key=f"{prefix}_table",
+        column_config={
+            "prompt": st.column_config.TextColumn(width="medium"),
+            "completion": st.column_config.TextColumn(width="large"),
+        },
+    )
 
 
 def lbes_view(store: Store, run: RunRecord) -> None:
@@ -71,5 +95,17 @@ def lbes_view(store: Store, run: RunRecord) -> None:
     reasons = samples.fillna({"dropped_by": "-"}).groupby(["outcome", "dropped_by"]).size()
     st.markdown("**Filters**")
     st.dataframe(reasons.rename("samples").reset_index(), hide_index=True)
-    st.dataframe(samples[["prompt_index", "sample_index", "reward", "logprob", "kept",
-                          "dropped_by", "completion"]], hide_index=True)
+    st.dataframe(
+        samples[
+            [
+                "prompt_index",
+                "sample_index",
+                "reward",
+                "logprob",
+                "kept",
+                "dropped_by",
+                "completion",
+            ]
+        ],
+        hide_index=True,
+    )

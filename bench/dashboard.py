@@ -42,33 +42,64 @@ def main() -> None:
         start = time.perf_counter()
         from jobs.store import models  # bulk inserts: record_step per row takes minutes
 
-        ids = [store.create_run(name=f"run-{i}", method="es" if i % 2 else "lbes",
-                                config={"model": "m", "train_file": "data/t/train.parquet"},
-                                total_steps=args.steps, tags=[f"t{i % 7}"]).id
-               for i in range(args.runs)]
-        rows = [{"run_id": r, "key": k, "step": step, "value": step / args.steps,
-                 "wall_time": float(step)}
-                for r in ids for k in (train, evals) for step in range(args.steps)]
+        ids = [
+            store.create_run(
+                name=f"run-{i}",
+                method="es" if i % 2 else "lbes",
+                config={"model": "m", "train_file": "data/t/train.parquet"},
+                total_steps=args.steps,
+                tags=[f"t{i % 7}"],
+            ).id
+            for i in range(args.runs)
+        ]
+        rows = [
+            {
+                "run_id": r,
+                "key": k,
+                "step": step,
+                "value": step / args.steps,
+                "wall_time": float(step),
+            }
+            for r in ids
+            for k in (train, evals)
+            for step in range(args.steps)
+        ]
         with store._session() as s:
             s.execute(models.Metric.__table__.insert(), rows)
-            s.execute(models.LatestMetric.__table__.insert(),
-                      [x for x in rows if x["step"] == args.steps - 1])
-        print(f"seeded {args.runs} runs x {args.steps} steps in "
-              f"{time.perf_counter() - start:.0f} s")
-        runs, _ = timed("search_runs (page of 50, newest)",
-                            lambda: store.search_runs(limit=50))
-        timed("search_runs (tag + method filter)",
-              lambda: store.search_runs(tag="t3", methods=["es"], limit=50))
+            s.execute(
+                models.LatestMetric.__table__.insert(),
+                [x for x in rows if x["step"] == args.steps - 1],
+            )
+        print(
+            f"seeded {args.runs} runs x {args.steps} steps in {time.perf_counter() - start:.0f} s"
+        )
+        runs, _ = timed("search_runs (page of 50, newest)", lambda: store.search_runs(limit=50))
+        timed(
+            "search_runs (tag + method filter)",
+            lambda: store.search_runs(tag="t3", methods=["es"], limit=50),
+        )
         ids = [r.id for r in runs]
         timed("sparklines (50 runs x 30 points)", lambda: store.sparklines(ids, train, 30))
         timed("best_metrics (50 runs)", lambda: store.best_metrics(ids, evals))
         long = store.create_run(name="long", method="es", config={}, total_steps=args.long)
         with store._session() as s:
-            s.execute(models.Metric.__table__.insert(), [
-                {"run_id": long.id, "key": train, "step": k, "value": (k % 997) / 997,
-                 "wall_time": float(k)} for k in range(args.long)])
-        timed(f"metric_buckets ({args.long} points -> 400)",
-              lambda: store.metric_buckets(long.id, train, 400))
+            s.execute(
+                models.Metric.__table__.insert(),
+                [
+                    {
+                        "run_id": long.id,
+                        "key": train,
+                        "step": k,
+                        "value": (k % 997) / 997,
+                        "wall_time": float(k),
+                    }
+                    for k in range(args.long)
+                ],
+            )
+        timed(
+            f"metric_buckets ({args.long} points -> 400)",
+            lambda: store.metric_buckets(long.id, train, 400),
+        )
         store.close()
 
 

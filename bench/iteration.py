@@ -28,10 +28,15 @@ PHASES = ("generation", "perturb", "restore", "reward", "logprobs", "update")
 
 def run_method(pool: EnginePool, method: str, args: argparse.Namespace, out: str) -> MemorySink:
     options = {
-        "method": method, "train_file": str(data_dir() / "conciseness" / "train.parquet"),
-        "output_dir": out, "reward_func_path": "engine.rewards.conciseness.compute_score",
-        "population_size": args.population, "data_batch_size": args.prompts,
-        "max_steps": args.steps + 1, "max_tokens": args.max_tokens, "noise_std": 0.002,
+        "method": method,
+        "train_file": str(data_dir() / "conciseness" / "train.parquet"),
+        "output_dir": out,
+        "reward_func_path": "engine.rewards.conciseness.compute_score",
+        "population_size": args.population,
+        "data_batch_size": args.prompts,
+        "max_steps": args.steps + 1,
+        "max_tokens": args.max_tokens,
+        "noise_std": 0.002,
         "learning_rate": 4e-5,
     }
     if method == "lbes":
@@ -74,8 +79,10 @@ def report(method: str, sink: MemorySink, baseline: tuple[float, int]) -> None:
             seconds = float(np.mean([m[key] for m in measured]))
             print(f"  {phase:<23} {seconds:8.2f} s  ({seconds / step_s:5.1%})")
     print(f"  generated tokens        {tokens:8.0f}   {tokens / step_s:7.1f} tokens/s")
-    print(f"  unperturbed, same work  {base_s:8.2f} s  ({base_tokens} tokens, "
-          f"{base_tokens / base_s:.1f} tokens/s)")
+    print(
+        f"  unperturbed, same work  {base_s:8.2f} s  ({base_tokens} tokens, "
+        f"{base_tokens / base_s:.1f} tokens/s)"
+    )
     # Greedy members stop at different lengths than the base model, so compare throughput
     # (tokens per second), which is what the time would be for the very same tokens.
     efficiency = (tokens / step_s) / (base_tokens / base_s)
@@ -92,8 +99,10 @@ def main() -> None:
     parser.add_argument("--methods", default="es,lbes")
     args = parser.parse_args()
 
-    print(f"model {default_model_dir().name}, population {args.population}, "
-          f"{args.prompts} prompts a member, {args.max_tokens} tokens")
+    print(
+        f"model {default_model_dir().name}, population {args.population}, "
+        f"{args.prompts} prompts a member, {args.max_tokens} tokens"
+    )
     pool = EnginePool(str(default_model_dir()), max_model_len=1024, seed=0)
     try:
         for method in args.methods.split(","):

@@ -81,24 +81,35 @@ class Generated:
 
 def config(args: argparse.Namespace, mode: str, population: int) -> RunConfig:
     options = {
-        "method": "es", "train_file": str(TRAIN_FILE),
+        "method": "es",
+        "train_file": str(TRAIN_FILE),
         "output_dir": f"/tmp/eslab-bench-lora/{mode}",
         "reward_func_path": "engine.rewards.conciseness.compute_score",
-        "population_size": population, "antithetic": True, "data_batch_size": args.prompts,
-        "max_steps": args.warmup + args.steps, "max_tokens": args.max_tokens, "seed": 0,
-        "max_model_len": 1024, "max_num_seqs": args.prompts * max(args.populations),
+        "population_size": population,
+        "antithetic": True,
+        "data_batch_size": args.prompts,
+        "max_steps": args.warmup + args.steps,
+        "max_tokens": args.max_tokens,
+        "seed": 0,
+        "max_model_len": 1024,
+        "max_num_seqs": args.prompts * max(args.populations),
         "gpu_memory_utilization": args.gpu_memory_utilization,
     }
     if mode == "lora":
-        options |= {"perturbation": "lora", "lora_rank": args.rank, "noise_std": 0.02,
-                    "learning_rate": 3e-3}
+        options |= {
+            "perturbation": "lora",
+            "lora_rank": args.rank,
+            "noise_std": 0.02,
+            "learning_rate": 3e-3,
+        }
     else:
         options |= {"noise_std": 0.002, "learning_rate": 4e-5}
     return RunConfig.from_flat(options)
 
 
-def start(cfg: RunConfig, max_loras: int | None, args: argparse.Namespace
-          ) -> tuple[EnginePool, VLLMEngine]:
+def start(
+    cfg: RunConfig, max_loras: int | None, args: argparse.Namespace
+) -> tuple[EnginePool, VLLMEngine]:
     """An engine (multi-LoRA with max_loras slots) whose KV cache has a fixed size: vLLM CPU
     otherwise sizes it as the memory share minus what this process already holds, which
     with a first engine up is less than nothing."""
@@ -106,15 +117,20 @@ def start(cfg: RunConfig, max_loras: int | None, args: argparse.Namespace
     extra = {"kv_cache_memory_bytes": int(args.kv_cache_gib * 2**30)}
     if max_loras:
         extra |= engine_args(cfg.with_overrides([f"population_size={max_loras}"]))
-    engine = VLLMEngine(str(default_model_dir()), max_model_len=m.max_model_len,
-                        max_num_seqs=m.max_num_seqs,
-                        gpu_memory_utilization=m.gpu_memory_utilization, seed=0,
-                        extra_llm_args=extra)
+    engine = VLLMEngine(
+        str(default_model_dir()),
+        max_model_len=m.max_model_len,
+        max_num_seqs=m.max_num_seqs,
+        gpu_memory_utilization=m.gpu_memory_utilization,
+        seed=0,
+        extra_llm_args=extra,
+    )
     return EnginePool.wrap(engine), engine
 
 
-def measure(pool: EnginePool, cfg: RunConfig, mode: str, args: argparse.Namespace,
-            input_master: str) -> tuple[Row, list[Generated]]:
+def measure(
+    pool: EnginePool, cfg: RunConfig, mode: str, args: argparse.Namespace, input_master: str
+) -> tuple[Row, list[Generated]]:
     """The mean of the measured steps, and (lora mode) what each measured step generated.
     The run starts from the input model (`input_master`), whatever ran on the engine before."""
     pool.load_master(input_master)
@@ -133,19 +149,26 @@ def measure(pool: EnginePool, cfg: RunConfig, mode: str, args: argparse.Namespac
         train(cfg, sink, pool=pool)
     finally:
         del pool.generate  # the method again
-    steps = [s.metrics for s in sink.steps[args.warmup:]]
+    steps = [s.metrics for s in sink.steps[args.warmup :]]
 
     def mean(key: str) -> float:
         return float(np.mean([s.get(key, 0.0) for s in steps]))
 
-    row = Row(mode, cfg.es.population_size, [s[mk.time_key("step")] for s in steps],
-              mean("train/num_tokens"), mean(mk.time_key("generation")),
-              mean(mk.time_key("perturb")), mean(mk.time_key("update")))
-    return row, generated[args.warmup:]
+    row = Row(
+        mode,
+        cfg.es.population_size,
+        [s[mk.time_key("step")] for s in steps],
+        mean("train/num_tokens"),
+        mean(mk.time_key("generation")),
+        mean(mk.time_key("perturb")),
+        mean(mk.time_key("update")),
+    )
+    return row, generated[args.warmup :]
 
 
-def timed_generate(engine: VLLMEngine, prompts: list[Any], params: list[Any],
-                   repeats: int) -> tuple[float, list[int]]:
+def timed_generate(
+    engine: VLLMEngine, prompts: list[Any], params: list[Any], repeats: int
+) -> tuple[float, list[int]]:
     """(median seconds, completion lengths) of `repeats` batched calls, after a warm-up."""
     requests = [{"prompt_token_ids": engine.prompt_token_ids(p)} for p in prompts]
     engine.llm.generate(requests[:4], params[:4], use_tqdm=False)
@@ -162,17 +185,19 @@ def same_tokens_baseline(engine: VLLMEngine, step: Generated, repeats: int) -> f
     """Seconds the unperturbed model takes, batched, for the tokens of one lora step."""
     from vllm import SamplingParams
 
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-              for n in step.lengths]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in step.lengths]
     seconds, lengths = timed_generate(engine, step.prompts, params, repeats)
     if lengths != step.lengths:
-        raise RuntimeError("the baseline generated other lengths than the lora step: "
-                           f"{sum(lengths)} against {sum(step.lengths)} tokens")
+        raise RuntimeError(
+            "the baseline generated other lengths than the lora step: "
+            f"{sum(lengths)} against {sum(step.lengths)} tokens"
+        )
     return seconds
 
 
-def own_tokens_baseline(engine: VLLMEngine, step: Generated, args: argparse.Namespace
-                        ) -> tuple[float, int]:
+def own_tokens_baseline(
+    engine: VLLMEngine, step: Generated, args: argparse.Namespace
+) -> tuple[float, int]:
     """(seconds, tokens) of the base model's own greedy completions of the same prompts."""
     from vllm import SamplingParams
 
@@ -208,8 +233,12 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["full", "lora"], choices=["full", "lora"])
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.12)
     parser.add_argument("--kv-cache-gib", type=float, default=2.0)
-    parser.add_argument("--baseline-repeats", type=int, default=3,
-                        help="batched base-model calls a baseline; the median counts")
+    parser.add_argument(
+        "--baseline-repeats",
+        type=int,
+        default=3,
+        help="batched base-model calls a baseline; the median counts",
+    )
     args = parser.parse_args()
     print("command: .venv/bin/python " + shlex.join(sys.argv), flush=True)
 
@@ -224,17 +253,18 @@ def main() -> None:
     pool = start(first, max(args.populations), args)[0] if "lora" in args.modes else None
     try:
         for population in args.populations if pool is not None else ():
-            row, steps = measure(pool, config(args, "lora", population), "lora", args,
-                                 INPUT_MASTER)
+            row, steps = measure(pool, config(args, "lora", population), "lora", args, INPUT_MASTER)
             rows["lora", population] = row
             print(row, flush=True)
             bases[population] = Baseline(  # the plain engine is still the input model
                 [same_tokens_baseline(engine, step, args.baseline_repeats) for step in steps],
-                [own_tokens_baseline(engine, step, args) for step in steps])
+                [own_tokens_baseline(engine, step, args) for step in steps],
+            )
             print(f"baseline N={population}: {bases[population]}", flush=True)
         for population in args.populations if "full" in args.modes else ():
             rows["full", population], _ = measure(
-                plain, config(args, "full", population), "full", args, INPUT_MASTER)
+                plain, config(args, "full", population), "full", args, INPUT_MASTER
+            )
             print(rows["full", population], flush=True)
     finally:
         if pool is not None:
@@ -243,13 +273,18 @@ def main() -> None:
     report(args, rows, bases)
 
 
-def report(args: argparse.Namespace, rows: dict[tuple[str, int], Row],
-           bases: dict[int, Baseline]) -> None:
-    print(f"\nmodel {default_model_dir().name}, {args.prompts} prompts a member, "
-          f"{args.max_tokens} tokens, rank {args.rank}, {args.steps} measured step(s)")
-    print(f"{'mode':<6}{'N':>5}{'iter s':>9}{'members/s':>11}{'gen s':>8}{'perturb s':>11}"
-          f"{'update s':>10}{'tokens/s':>10}{'lora/full':>11}{'efficiency':>12}"
-          f"{'tok/s ratio':>13}")
+def report(
+    args: argparse.Namespace, rows: dict[tuple[str, int], Row], bases: dict[int, Baseline]
+) -> None:
+    print(
+        f"\nmodel {default_model_dir().name}, {args.prompts} prompts a member, "
+        f"{args.max_tokens} tokens, rank {args.rank}, {args.steps} measured step(s)"
+    )
+    print(
+        f"{'mode':<6}{'N':>5}{'iter s':>9}{'members/s':>11}{'gen s':>8}{'perturb s':>11}"
+        f"{'update s':>10}{'tokens/s':>10}{'lora/full':>11}{'efficiency':>12}"
+        f"{'tok/s ratio':>13}"
+    )
     for (mode, population), row in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         speedup = efficiency = ratio = ""
         full = rows.get(("full", population))
@@ -258,15 +293,19 @@ def report(args: argparse.Namespace, rows: dict[tuple[str, int], Row],
         if mode == "lora" and population in bases:
             efficiency = f"{bases[population].efficiency(row):.2f}"
             ratio = f"{bases[population].throughput_ratio(row):.2f}"
-        print(f"{mode:<6}{population:>5}{row.step_s:>9.2f}{row.members_per_s:>11.2f}"
-              f"{row.generation_s:>8.2f}{row.perturb_s:>11.2f}{row.update_s:>10.2f}"
-              f"{row.tokens / row.step_s:>10.1f}{speedup:>11}{efficiency:>12}{ratio:>13}")
+        print(
+            f"{mode:<6}{population:>5}{row.step_s:>9.2f}{row.members_per_s:>11.2f}"
+            f"{row.generation_s:>8.2f}{row.perturb_s:>11.2f}{row.update_s:>10.2f}"
+            f"{row.tokens / row.step_s:>10.1f}{speedup:>11}{efficiency:>12}{ratio:>13}"
+        )
     for population, base in sorted(bases.items()):
         same = ", ".join(f"{s:.2f}" for s in base.same_s)
         own = ", ".join(f"{s:.2f} s for {t}" for s, t in base.own)
         print(f"base model N={population}: same tokens {same} s; own completions {own} tokens")
-    print("efficiency: base model's batched generation of the same tokens / lora iteration; "
-          "tok/s ratio: lora tokens/s / base model's tokens/s on its own completions")
+    print(
+        "efficiency: base model's batched generation of the same tokens / lora iteration; "
+        "tok/s ratio: lora tokens/s / base model's tokens/s on its own completions"
+    )
     print("targets: lora >= 2x the members/s of full at N=32; efficiency >= 0.5")
 
 

@@ -29,8 +29,12 @@ import torch
 from engine.backends.vllm.cpu import lora_kernels as cpu_lora
 from engine.backends.vllm.cpu import native as cpu_lora_native
 
-LAYERS = {"qkv": (576, (576, 192, 192)), "o": (576, (576,)), "gate_up": (576, (1536, 1536)),
-          "down": (1536, (576,))}
+LAYERS = {
+    "qkv": (576, (576, 192, 192)),
+    "o": (576, (576,)),
+    "gate_up": (576, (1536, 1536)),
+    "down": (1536, (576,)),
+}
 
 
 def timed(fn: Callable[[], None], repeats: int) -> float:
@@ -45,8 +49,9 @@ def timed(fn: Callable[[], None], repeats: int) -> float:
     return sorted(times)[len(times) // 2] * 1e3
 
 
-def measure_layer(args: argparse.Namespace, width: int, slices: tuple[int, ...],
-                  rows: list[int]) -> tuple[int, float, float, float]:
+def measure_layer(
+    args: argparse.Namespace, width: int, slices: tuple[int, ...], rows: list[int]
+) -> tuple[int, float, float, float]:
     """(tokens, per-slice ms, fused torch ms, fused ms) of one linear layer, adapter i having
     rows[i % len(rows)] tokens."""
     bf16, n = torch.bfloat16, args.adapters
@@ -63,14 +68,18 @@ def measure_layer(args: argparse.Namespace, width: int, slices: tuple[int, ...],
 
     def fused(kernel: Callable[[], object]) -> float:
         cpu_lora_native.kernel, cpu_lora._last_plan = kernel, None
-        return timed(lambda: cpu_lora.add_lora_linear(wrapper, y, x, a, b, 1.0, slices),
-                     args.repeats)
+        return timed(
+            lambda: cpu_lora.add_lora_linear(wrapper, y, x, a, b, 1.0, slices), args.repeats
+        )
 
     built = cpu_lora_native.kernel
     try:
-        return (indices.numel(),
-                timed(lambda: per_slice(x, y, a, b, indices, slices), args.repeats),
-                fused(lambda: None), fused(built))
+        return (
+            indices.numel(),
+            timed(lambda: per_slice(x, y, a, b, indices, slices), args.repeats),
+            fused(lambda: None),
+            fused(built),
+        )
     finally:
         cpu_lora_native.kernel = built
 
@@ -96,16 +105,14 @@ def main() -> None:
     print(f"{args.adapters} adapters of rank {args.rank} in rank-{args.max_rank} slots, ms")
     if cpu_lora_native.kernel() is None:
         sys.exit("the per-token kernel did not build (see the warning above)")
-    print(f"{'case':<9}{'layer':<9}{'tokens':>7}{'per slice':>11}{'fused, torch':>14}"
-          f"{'fused':>8}")
+    print(f"{'case':<9}{'layer':<9}{'tokens':>7}{'per slice':>11}{'fused, torch':>14}{'fused':>8}")
     for case, rows in (("decode", [4]), ("ragged", [4, 3, 4, 4, 3]), ("prefill", [150])):
         totals = [0.0, 0.0, 0.0]
         for name, (width, slices) in LAYERS.items():
             tokens, *ms = measure_layer(args, width, slices, rows)
             totals = [t + m for t, m in zip(totals, ms, strict=True)]
             print(f"{case:<9}{name:<9}{tokens:>7}{ms[0]:>11.2f}{ms[1]:>14.2f}{ms[2]:>8.2f}")
-        print(f"{case:<9}{'layer':<9}{'':>7}{totals[0]:>11.2f}{totals[1]:>14.2f}"
-              f"{totals[2]:>8.2f}")
+        print(f"{case:<9}{'layer':<9}{'':>7}{totals[0]:>11.2f}{totals[1]:>14.2f}{totals[2]:>8.2f}")
 
 
 if __name__ == "__main__":

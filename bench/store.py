@@ -47,39 +47,60 @@ def best_of(fn: Callable[[], Any], repeat: int = 5) -> tuple[float, Any]:
 
 def metric_names(count: int) -> list[str]:
     parts = ("mean", "std", "min", "max")
-    names = [mk.reward_key(split, "reward", part) for split in (mk.TRAIN, mk.EVAL)
-             for part in parts]
+    names = [
+        mk.reward_key(split, "reward", part) for split in (mk.TRAIN, mk.EVAL) for part in parts
+    ]
     return (names + [f"bench/extra_{i}" for i in range(count)])[:count]
 
 
 def ingest_through_sink(store: Store, steps: int, keys: list[str]) -> float:
     """Seconds to write `steps` steps of one run through the database sink."""
-    run = store.create_run(name="ingest", method="es", config={}, total_steps=steps,
-                           status=RunStatus.RUNNING)
+    run = store.create_run(
+        name="ingest", method="es", config={}, total_steps=steps, status=RunStatus.RUNNING
+    )
     sink = DatabaseSink(store, run.id)
     start = time.perf_counter()
     for step in tqdm(range(1, steps + 1), desc="ingest through the sink", leave=False):
-        sink.log_step(StepReport(
-            step=step, metrics={k: step * 0.001 + i for i, k in enumerate(keys)},
-            population=[PopulationRecord(member=m, seed=m, fitness=float(m),
-                                         shaped_fitness=0.0) for m in range(POPULATION)],
-            wall_time=float(step)))
+        sink.log_step(
+            StepReport(
+                step=step,
+                metrics={k: step * 0.001 + i for i, k in enumerate(keys)},
+                population=[
+                    PopulationRecord(member=m, seed=m, fitness=float(m), shaped_fitness=0.0)
+                    for m in range(POPULATION)
+                ],
+                wall_time=float(step),
+            )
+        )
     return time.perf_counter() - start
 
 
 def seed_bulk(store: Store, runs: int, steps: int, keys: list[str]) -> list[int]:
     ids = []
     for i in tqdm(range(runs), desc="seeding runs", leave=False):
-        run = store.create_run(name=f"run-{i}", method="es" if i % 2 else "lbes",
-                               config={"model": "m"}, total_steps=steps, tags=[f"t{i % 7}"])
-        rows = [{"run_id": run.id, "key": k, "step": step,
-                 "value": (step % 97) / 97 + (5.0 if step == steps // 3 else 0.0),
-                 "wall_time": float(step)}
-                for k in keys for step in range(1, steps + 1)]
+        run = store.create_run(
+            name=f"run-{i}",
+            method="es" if i % 2 else "lbes",
+            config={"model": "m"},
+            total_steps=steps,
+            tags=[f"t{i % 7}"],
+        )
+        rows = [
+            {
+                "run_id": run.id,
+                "key": k,
+                "step": step,
+                "value": (step % 97) / 97 + (5.0 if step == steps // 3 else 0.0),
+                "wall_time": float(step),
+            }
+            for k in keys
+            for step in range(1, steps + 1)
+        ]
         with store._session() as s:
             s.execute(models.Metric.__table__.insert(), rows)
-            s.execute(models.LatestMetric.__table__.insert(),
-                      [r for r in rows if r["step"] == steps])
+            s.execute(
+                models.LatestMetric.__table__.insert(), [r for r in rows if r["step"] == steps]
+            )
         ids.append(run.id)
     return ids
 
@@ -99,15 +120,19 @@ def main() -> None:
 
         seconds = ingest_through_sink(store, args.steps, keys)
         rows = args.steps * (len(keys) + POPULATION)
-        print(f"ingest through the database sink: {args.steps / seconds:,.0f} steps/s, "
-              f"{rows / seconds:,.0f} rows/s ({len(keys)} metrics + {POPULATION} population "
-              f"rows a step), {seconds / args.steps * 1000:.1f} ms a step")
+        print(
+            f"ingest through the database sink: {args.steps / seconds:,.0f} steps/s, "
+            f"{rows / seconds:,.0f} rows/s ({len(keys)} metrics + {POPULATION} population "
+            f"rows a step), {seconds / args.steps * 1000:.1f} ms a step"
+        )
 
         start = time.perf_counter()
         ids = seed_bulk(store, args.runs, args.steps, keys)
         total = args.runs * args.steps * len(keys)
-        print(f"seeded {args.runs} runs x {args.steps} steps x {len(keys)} keys ({total:,} "
-              f"rows) in {time.perf_counter() - start:.0f} s")
+        print(
+            f"seeded {args.runs} runs x {args.steps} steps x {len(keys)} keys ({total:,} "
+            f"rows) in {time.perf_counter() - start:.0f} s"
+        )
 
         def run_list() -> Any:
             page, _ = store.search_runs(limit=50)
@@ -115,18 +140,25 @@ def main() -> None:
 
         took, latest = best_of(run_list)
         assert all(len(v) == len(keys) for k, v in latest.items() if k in ids)
-        print(f"run list (page of 50 runs with their latest metrics): {took * 1000:.1f} ms "
-              "(target < 200 ms)")
+        print(
+            f"run list (page of 50 runs with their latest metrics): {took * 1000:.1f} ms "
+            "(target < 200 ms)"
+        )
 
         key = keys[0]
-        took, series = best_of(lambda: [store.metric_buckets(r, key, args.points)
-                                        for r in ids[:10]])
+        took, series = best_of(
+            lambda: [store.metric_buckets(r, key, args.points) for r in ids[:10]]
+        )
         assert max(b["max"] for b in series[0]) >= 5.0  # the spike survives the reduction
-        print(f"one metric of 10 runs reduced in SQL to {len(series[0])} buckets a run "
-              f"(min, max, last kept): {took * 1000:.1f} ms (target < 300 ms)")
+        print(
+            f"one metric of 10 runs reduced in SQL to {len(series[0])} buckets a run "
+            f"(min, max, last kept): {took * 1000:.1f} ms (target < 300 ms)"
+        )
         store.close()
-    print("command: .venv/bin/python bench/store.py " + " ".join(
-        f"--{k} {v}" for k, v in vars(args).items()))
+    print(
+        "command: .venv/bin/python bench/store.py "
+        + " ".join(f"--{k} {v}" for k, v in vars(args).items())
+    )
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ class Batches:
         order = np.random.default_rng(derive_seed(self.seed, "epoch", position.epoch))
         permutation = order.permutation(self.num_examples)
         start = position.batch * self.batch_size
-        return permutation[start:start + self.batch_size].tolist()
+        return permutation[start : start + self.batch_size].tolist()
 
     def advance(self, position: Position) -> tuple[Position, bool]:
         """The next position, and whether this step ended an epoch."""

@@ -46,8 +46,9 @@ def population(run_seed: int, step: int, size: int, antithetic: bool) -> list[Me
     return members
 
 
-def update_coefficients(shaped: np.ndarray, signs: Sequence[int], learning_rate: float,
-                        noise_std: float) -> np.ndarray:
+def update_coefficients(
+    shaped: np.ndarray, signs: Sequence[int], learning_rate: float, noise_std: float
+) -> np.ndarray:
     """Per-member coefficients c_i = lr / (N * sigma) * A_i * sign_i; NaN advantages give 0."""
     shaped = np.asarray(shaped, dtype=np.float64)  # [N]
     signs_arr = np.asarray(signs, dtype=np.float64)  # [N]

@@ -24,4 +24,5 @@ def require(module: str, extra: str, what: str) -> ModuleType:
     except ImportError as exc:
         raise MissingExtra(
             f"{what} needs the `{extra}` extra: pip install 'eslab[{extra}]' "
-            f"({module} is not installed)") from exc
+            f"({module} is not installed)"
+        ) from exc

@@ -84,6 +84,5 @@ def macro_shape_fitness(name: str, rewards: np.ndarray) -> np.ndarray:
     """
     rewards = np.asarray(rewards, dtype=np.float64)
     columns = rewards.reshape(rewards.shape[0], -1)  # [N, B*n]
-    shaped = np.stack([shape_fitness(name, columns[:, j]) for j in range(columns.shape[1])],
-                      axis=1)
+    shaped = np.stack([shape_fitness(name, columns[:, j]) for j in range(columns.shape[1])], axis=1)
     return shaped.mean(axis=1)

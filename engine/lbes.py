@@ -49,7 +49,8 @@ def reference_tiebreak(seed: int, global_step: int) -> TieBreak:
     """The generators the reference seeds at each step (its derive_seed keys)."""
     return TieBreak(
         prompt_var=np.random.default_rng(
-            derive_seed(seed, global_step, "prompt_reward_var_tiebreak")),
+            derive_seed(seed, global_step, "prompt_reward_var_tiebreak")
+        ),
         flat=np.random.default_rng(derive_seed(seed, global_step, "flat_reward_tiebreak")),
     )
 
@@ -106,7 +107,7 @@ def filter_rewards(rewards: np.ndarray, cfg: LbesConfig, tiebreak: TieBreak) -> 
         tie = tiebreak.prompt_var.random(size=num_prompts)
         order = np.lexsort((tie, r.var(axis=1)))  # ascending variance, then ascending draw
         keep_rows = np.zeros(num_prompts, dtype=bool)
-        keep_rows[order[num_prompts - k:]] = True
+        keep_rows[order[num_prompts - k :]] = True
         drop(np.broadcast_to(~keep_rows[:, None], r.shape), "top_k_prompt_reward_var")
 
     # 2. Per prompt, the union of its top-k and bottom-k samples.
@@ -115,33 +116,38 @@ def filter_rewards(rewards: np.ndarray, cfg: LbesConfig, tiebreak: TieBreak) -> 
         selected = np.zeros((num_prompts, n), dtype=bool)
         rows = np.arange(num_prompts)[:, None]
         if cfg.top_k_rewards is not None:
-            selected[rows, order[:, n - min(cfg.top_k_rewards, n):]] = True
+            selected[rows, order[:, n - min(cfg.top_k_rewards, n) :]] = True
         if cfg.bottom_k_rewards is not None:
-            selected[rows, order[:, :min(cfg.bottom_k_rewards, n)]] = True
+            selected[rows, order[:, : min(cfg.bottom_k_rewards, n)]] = True
         drop(~selected, _filter_name(cfg, "top_k_rewards", "bottom_k_rewards"))
 
     # 3. Prompts whose kept rewards carry no signal (all the same).
     if cfg.exclude_same_rewards_samples:
-        same = np.array([values.size > 1 and np.allclose(values[1:], values[0])
-                         for values in (r[b, kept[b]] for b in range(num_prompts))])
+        same = np.array(
+            [
+                values.size > 1 and np.allclose(values[1:], values[0])
+                for values in (r[b, kept[b]] for b in range(num_prompts))
+            ]
+        )
         drop(np.broadcast_to(same[:, None], r.shape), "exclude_same_rewards_samples")
 
     # 4. The global top-k / bottom-k over everything still kept.
-    if (cfg.flat_top_k_rewards is not None or cfg.flat_bottom_k_rewards is not None) \
-            and kept.any():
+    if (cfg.flat_top_k_rewards is not None or cfg.flat_bottom_k_rewards is not None) and kept.any():
         flat_index = np.flatnonzero(kept)  # row-major, as the reference concatenates
         values = r.ravel()[flat_index]
         tie = tiebreak.flat.random(size=values.size)
         order = np.lexsort((tie, values))  # ascending reward, then ascending draw
         selected = np.zeros(values.size, dtype=bool)
         if cfg.flat_top_k_rewards is not None:
-            selected[order[values.size - min(cfg.flat_top_k_rewards, values.size):]] = True
+            selected[order[values.size - min(cfg.flat_top_k_rewards, values.size) :]] = True
         if cfg.flat_bottom_k_rewards is not None:
-            selected[order[:min(cfg.flat_bottom_k_rewards, values.size)]] = True
+            selected[order[: min(cfg.flat_bottom_k_rewards, values.size)]] = True
         dropped = np.zeros(r.size, dtype=bool)
         dropped[flat_index[~selected]] = True
-        drop(dropped.reshape(r.shape),
-             _filter_name(cfg, "flat_top_k_rewards", "flat_bottom_k_rewards"))
+        drop(
+            dropped.reshape(r.shape),
+            _filter_name(cfg, "flat_top_k_rewards", "flat_bottom_k_rewards"),
+        )
 
     return FilterResult(kept=kept, dropped_by=dropped_by)
 
@@ -174,14 +180,17 @@ def correlation(rewards: np.ndarray, loglik: np.ndarray, kept: np.ndarray, flat:
         raise ValueError(f"shapes differ: rewards {r.shape}, loglik {ll.shape}, kept {kept.shape}")
     if flat:
         return _pearson(r[kept], ll[kept])
-    per_prompt = np.array([_pearson(r[b, kept[b]], ll[b, kept[b]])
-                           for b in range(r.shape[0]) if kept[b].any()])
+    per_prompt = np.array(
+        [_pearson(r[b, kept[b]], ll[b, kept[b]]) for b in range(r.shape[0]) if kept[b].any()]
+    )
     per_prompt = per_prompt[~np.isnan(per_prompt)]
     return float(per_prompt.mean()) if per_prompt.size else float("nan")
 
 
-def member_correlations(rewards: np.ndarray, logliks: np.ndarray, kept: np.ndarray,
-                        flat: bool) -> np.ndarray:
+def member_correlations(
+    rewards: np.ndarray, logliks: np.ndarray, kept: np.ndarray, flat: bool
+) -> np.ndarray:
     """`correlation` for every member: logliks[P, B, n] -> correlations [P] (may hold NaN)."""
-    return np.array([correlation(rewards, ll, kept, flat) for ll in np.asarray(logliks)],
-                    dtype=np.float64)
+    return np.array(
+        [correlation(rewards, ll, kept, flat) for ll in np.asarray(logliks)], dtype=np.float64
+    )

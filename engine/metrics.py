@@ -34,8 +34,17 @@ BASE_COST_MEAN = "train/base/cost/mean"  # the unperturbed model's mean cost
 BASE_SAFE_RATIO = "train/base/safe_ratio"
 
 # Time per phase of a step, in seconds.
-PHASES = ("generation", "perturb", "restore", "reward", "logprobs", "update", "eval", "save",
-          "step")
+PHASES = (
+    "generation",
+    "perturb",
+    "restore",
+    "reward",
+    "logprobs",
+    "update",
+    "eval",
+    "save",
+    "step",
+)
 
 
 def time_key(phase: str) -> str:

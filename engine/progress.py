@@ -15,8 +15,11 @@ class ProgressSink:
 
     def log_step(self, report: StepReport) -> None:
         self.inner.log_step(report)
-        shown = {k.split("/", 1)[0] + " " + k.split("/")[1]: v for k, v in report.metrics.items()
-                 if k in (mk.reward_key(mk.TRAIN), mk.reward_key(mk.EVAL))}
+        shown = {
+            k.split("/", 1)[0] + " " + k.split("/")[1]: v
+            for k, v in report.metrics.items()
+            if k in (mk.reward_key(mk.TRAIN), mk.reward_key(mk.EVAL))
+        }
         if shown:
             self.bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
         self.bar.update(report.step - self.bar.n)

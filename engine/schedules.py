@@ -24,34 +24,39 @@ from collections.abc import Callable
 Schedule = Callable[[float, float, int, int, float, float], float]
 
 
-def constant(initial: float, final: float, step: int, total_steps: int,
-             rate: float, power: float) -> float:
+def constant(
+    initial: float, final: float, step: int, total_steps: int, rate: float, power: float
+) -> float:
     return initial
 
 
-def linear(initial: float, final: float, step: int, total_steps: int,
-           rate: float, power: float) -> float:
+def linear(
+    initial: float, final: float, step: int, total_steps: int, rate: float, power: float
+) -> float:
     if step >= total_steps:
         return final
     return initial + (final - initial) * (step / total_steps)
 
 
-def cosine(initial: float, final: float, step: int, total_steps: int,
-           rate: float, power: float) -> float:
+def cosine(
+    initial: float, final: float, step: int, total_steps: int, rate: float, power: float
+) -> float:
     if step >= total_steps:
         return final
     decay = 0.5 * (1.0 + math.cos(math.pi * step / total_steps))
     return final + (initial - final) * decay
 
 
-def exponential(initial: float, final: float, step: int, total_steps: int,
-                rate: float, power: float) -> float:
+def exponential(
+    initial: float, final: float, step: int, total_steps: int, rate: float, power: float
+) -> float:
     # The reference never reaches `final` here: it decays geometrically forever.
     return initial * rate**step
 
 
-def polynomial(initial: float, final: float, step: int, total_steps: int,
-               rate: float, power: float) -> float:
+def polynomial(
+    initial: float, final: float, step: int, total_steps: int, rate: float, power: float
+) -> float:
     if step >= total_steps:
         return final
     return final + (initial - final) * (1.0 - step / total_steps) ** power
@@ -66,8 +71,15 @@ SCHEDULES: dict[str, Schedule] = {
 }
 
 
-def schedule_value(kind: str, initial: float, final: float, step: int, total_steps: int,
-                   rate: float = 0.95, power: float = 1.0) -> float:
+def schedule_value(
+    kind: str,
+    initial: float,
+    final: float,
+    step: int,
+    total_steps: int,
+    rate: float = 0.95,
+    power: float = 1.0,
+) -> float:
     """The value of schedule `kind` at `step` (0-based: step 0 gives `initial`)."""
     if kind not in SCHEDULES:
         raise ValueError(f"unknown schedule {kind!r}: choose one of {', '.join(SCHEDULES)}")
@@ -76,8 +88,16 @@ def schedule_value(kind: str, initial: float, final: float, step: int, total_ste
     return float(SCHEDULES[kind](initial, final, step, total_steps, rate, power))
 
 
-def planned_schedule(kind: str, initial: float, final: float, total_steps: int,
-                     rate: float = 0.95, power: float = 1.0) -> list[float]:
+def planned_schedule(
+    kind: str,
+    initial: float,
+    final: float,
+    total_steps: int,
+    rate: float = 0.95,
+    power: float = 1.0,
+) -> list[float]:
     """The value used at every training step 0 .. total_steps - 1 (the dashboard's plan)."""
-    return [schedule_value(kind, initial, final, step, total_steps, rate, power)
-            for step in range(total_steps)]
+    return [
+        schedule_value(kind, initial, final, step, total_steps, rate, power)
+        for step in range(total_steps)
+    ]

@@ -41,21 +41,24 @@ class GenerateAndScore:
     def __call__(self, engine: PerturbationEngine | EnginePool) -> ScoredBatch:
         """Runs on a (perturbed) engine, or on the pool for the unperturbed model."""
         start = time.perf_counter()
-        outputs = engine.generate(self.prompts, n=self.sampling.n,
-                                  temperature=self.sampling.temperature,
-                                  max_tokens=self.sampling.max_tokens, seed=self.sampling.seed)
+        outputs = engine.generate(
+            self.prompts,
+            n=self.sampling.n,
+            temperature=self.sampling.temperature,
+            max_tokens=self.sampling.max_tokens,
+            seed=self.sampling.seed,
+        )
         generated = time.perf_counter()
         batch = self.score(outputs)
-        batch.timings = {"generation": generated - start,
-                         "reward": time.perf_counter() - generated}
+        batch.timings = {"generation": generated - start, "reward": time.perf_counter() - generated}
         return batch
 
     def score(self, outputs: list[list[Completion]]) -> ScoredBatch:
         if self.sources is not None:
-            return self.sources.score(outputs, self.prompts, self.reward_func_args,
-                                      self.description)
-        return score_batch(outputs, self.reward_func_args, self.reward_func_path,
-                           self.description)
+            return self.sources.score(
+                outputs, self.prompts, self.reward_func_args, self.description
+            )
+        return score_batch(outputs, self.reward_func_args, self.reward_func_path, self.description)
 
 
 @dataclass(frozen=True)

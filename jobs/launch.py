@@ -11,8 +11,14 @@ from jobs.store.records import RunRecord
 from jobs.store.store import Store
 
 
-def queue_run(store: Store, config: RunConfig, *, name: str | None = None,
-              parent_id: int | None = None, tags: Sequence[str] = ()) -> RunRecord:
+def queue_run(
+    store: Store,
+    config: RunConfig,
+    *,
+    name: str | None = None,
+    parent_id: int | None = None,
+    tags: Sequence[str] = (),
+) -> RunRecord:
     """Validate what can be checked before a run starts (jobs.planning), refuse an
     output_dir that a live run writes to, then store the run as queued.
 
@@ -28,7 +34,8 @@ def refuse_output_dir_in_use(store: Store, plan: RunPlan) -> None:
 
     for other in store.active_runs() + store.queued_runs(limit=1000):
         if resolve_path(other.config.get("output_dir") or "") == plan.output_dir:
-            raise ConfigError([FieldError("output_dir", (
+            message = (
                 f"data.output_dir {plan.config['output_dir']} is in use by run {other.id} "
-                f"({other.status.value}); give this run its own with --set "
-                "output_dir=..."))])
+                f"({other.status.value}); give this run its own with --set output_dir=..."
+            )
+            raise ConfigError([FieldError("output_dir", message)])

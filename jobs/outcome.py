@@ -44,8 +44,10 @@ class RunOutcome:
         # A cancel that came as the last step ended leaves the run cancelling, which may
         # only end cancelled (the final model is saved all the same).
         if not self.record(RunStatus.SUCCEEDED, f"succeeded; final model in {output}"):
-            self.record(RunStatus.CANCELLED,
-                        f"the cancel came as the last step ended; final model in {output}")
+            self.record(
+                RunStatus.CANCELLED,
+                f"the cancel came as the last step ended; final model in {output}",
+            )
 
     def failed(self, exc: BaseException, message: str) -> None:
         """Failed with the traceback, which also goes to stderr (the Ray job's log)."""

@@ -34,8 +34,13 @@ def default_run_name(config: RunConfig) -> str:
     return config.logging.run_name or f"{config.method}-{task}-{uuid.uuid4().hex[:6]}"
 
 
-def plan_run(config: RunConfig, *, name: str | None = None, tags: Sequence[str] = (),
-             parent_id: int | None = None) -> RunPlan:
+def plan_run(
+    config: RunConfig,
+    *,
+    name: str | None = None,
+    tags: Sequence[str] = (),
+    parent_id: int | None = None,
+) -> RunPlan:
     """Check what can be checked before a run starts (datasets, reward function, model
     folder), so that bad input stores nothing.
 
@@ -46,14 +51,24 @@ def plan_run(config: RunConfig, *, name: str | None = None, tags: Sequence[str] 
     from engine.trainer import plan_total_steps
 
     total = plan_total_steps(config)
-    return RunPlan(name=name or default_run_name(config), method=config.method,
-                   config=config.to_flat(), total_steps=total,
-                   output_dir=resolve_path(config.data.output_dir), tags=list(tags),
-                   parent_id=parent_id)
+    return RunPlan(
+        name=name or default_run_name(config),
+        method=config.method,
+        config=config.to_flat(),
+        total_steps=total,
+        output_dir=resolve_path(config.data.output_dir),
+        tags=list(tags),
+        parent_id=parent_id,
+    )
 
 
-def create_run(store: Store, plan: RunPlan, *,
-               status: RunStatus = RunStatus.QUEUED) -> RunRecord:
-    return store.create_run(name=plan.name, method=plan.method, config=plan.config,
-                            total_steps=plan.total_steps, tags=plan.tags,
-                            parent_id=plan.parent_id, status=status)
+def create_run(store: Store, plan: RunPlan, *, status: RunStatus = RunStatus.QUEUED) -> RunRecord:
+    return store.create_run(
+        name=plan.name,
+        method=plan.method,
+        config=plan.config,
+        total_steps=plan.total_steps,
+        tags=plan.tags,
+        parent_id=plan.parent_id,
+        status=status,
+    )

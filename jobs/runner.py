@@ -13,8 +13,9 @@ from jobs.store.status import RunStatus
 from jobs.store.store import Store
 
 
-def create_foreground_run(store: Store, config: RunConfig, *,
-                          tags: Sequence[str] = ()) -> RunRecord:
+def create_foreground_run(
+    store: Store, config: RunConfig, *, tags: Sequence[str] = ()
+) -> RunRecord:
     """Validate everything that can be checked before training (jobs.planning), then store
     the run as running; bad input stores nothing."""
     return create_run(store, plan_run(config, tags=tags), status=RunStatus.RUNNING)

@@ -179,8 +179,9 @@ class Worker:
         run = self.store.get_run(self.run_id)
         expected = RunStatus.RUNNING if self.foreground else RunStatus.QUEUED
         if run.status is not expected:
-            log.info("run %s is %s, not %s; nothing to do", run.id, run.status.value,
-                     expected.value)
+            log.info(
+                "run %s is %s, not %s; nothing to do", run.id, run.status.value, expected.value
+            )
             return 0
         outcome = RunOutcome(self.store, run.id)
         try:
@@ -197,8 +198,11 @@ class Worker:
         self.run_id = run.id
         self.outcome = outcome
         hooked = accepts(train, "should_stop")
-        sink = StoppingSink(self.wrap_sink(DatabaseSink(self.store, run.id)), self.stop,
-                            raise_at_boundary=not hooked)
+        sink = StoppingSink(
+            self.wrap_sink(DatabaseSink(self.store, run.id)),
+            self.stop,
+            raise_at_boundary=not hooked,
+        )
         kwargs: dict[str, Any] = {"resume_from": resume_from}
         if hooked:
             kwargs["should_stop"] = self.stop.is_set
@@ -216,8 +220,14 @@ class Worker:
             if kwargs.get("pool") is not None and self.release_engine:
                 kwargs["pool"].shutdown()
 
-    def _train(self, outcome: RunOutcome, config: Any, train: TrainFunction,
-               sink: StoppingSink, kwargs: dict[str, Any]) -> int:
+    def _train(
+        self,
+        outcome: RunOutcome,
+        config: Any,
+        train: TrainFunction,
+        sink: StoppingSink,
+        kwargs: dict[str, Any],
+    ) -> int:
         """Train and record the outcome. The engine is started here rather than by the
         trainer so that the outcome is recorded before it is released (see release_engine)."""
         try:

@@ -29,8 +29,13 @@ class _Job:
 class RequestBatcher:
     """Merges concurrent score requests into shared forward passes (one worker thread)."""
 
-    def __init__(self, reward: ScoringModel, cost: ScoringModel, max_wait_s: float = 0.01,
-                 max_items: int = 1024) -> None:
+    def __init__(
+        self,
+        reward: ScoringModel,
+        cost: ScoringModel,
+        max_wait_s: float = 0.01,
+        max_items: int = 1024,
+    ) -> None:
         self.reward, self.cost = reward, cost
         self.max_wait_s, self.max_items = max_wait_s, max_items
         self.requests = 0  # requests scored

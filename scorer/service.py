@@ -42,31 +42,52 @@ def create_app(reward: ScoringModel, cost: ScoringModel, max_wait_s: float = 0.0
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        return {"status": "ok", "reward_model": reward.path, "cost_model": cost.path,
-                "requests": batcher.requests, "rounds": batcher.rounds}
+        return {
+            "status": "ok",
+            "reward_model": reward.path,
+            "cost_model": cost.path,
+            "requests": batcher.requests,
+            "rounds": batcher.rounds,
+        }
 
     @app.post("/score_batch", response_model=ScoreResponse)
     def score_batch(request: ScoreRequest) -> ScoreResponse:
         # A plain `def` runs in FastAPI's thread pool, so a long batch does not block /health.
         if len(request.prompts) != len(request.responses):
-            raise HTTPException(422, f"prompts and responses must have one length, got "
-                                     f"{len(request.prompts)} and {len(request.responses)}")
+            raise HTTPException(
+                422,
+                f"prompts and responses must have one length, got "
+                f"{len(request.prompts)} and {len(request.responses)}",
+            )
         if len(request.prompts) > MAX_ITEMS:
-            raise HTTPException(413, f"at most {MAX_ITEMS} pairs per request, got "
-                                     f"{len(request.prompts)}: split the batch")
+            raise HTTPException(
+                413,
+                f"at most {MAX_ITEMS} pairs per request, got "
+                f"{len(request.prompts)}: split the batch",
+            )
         rewards, costs = batcher.score(request.prompts, request.responses)
         return ScoreResponse(rewards=rewards, costs=costs)
 
     return app
 
 
-def serve(reward_model: str, cost_model: str, *, host: str = "127.0.0.1", port: int = 8000,
-          batch_size: int = 32, max_length: int = 256) -> None:
+def serve(
+    reward_model: str,
+    cost_model: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    batch_size: int = 32,
+    max_length: int = 256,
+) -> None:
     """Load both models and serve until interrupted (`eslab scorer serve`)."""
     uvicorn = require("uvicorn", "scorer", SERVICE)
 
     reward = ScoringModel(reward_model, batch_size=batch_size, max_length=max_length)
     cost = ScoringModel(cost_model, batch_size=batch_size, max_length=max_length)
-    print(f"scorer: reward model {reward_model}, cost model {cost_model}; "
-          f"http://{host}:{port}/score_batch", flush=True)
+    print(
+        f"scorer: reward model {reward_model}, cost model {cost_model}; "
+        f"http://{host}:{port}/score_batch",
+        flush=True,
+    )
     uvicorn.run(create_app(reward, cost), host=host, port=port, log_level="warning")

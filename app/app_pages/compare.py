@@ -29,28 +29,38 @@ except StoreError as exc:
     st.error(str(exc))
     st.stop()
 if len(runs) < 2:
-    st.info("Select two or more runs on the **Runs** page and press Compare "
-            "(this page's URL is `/compare?runs=ID,ID`).")
+    st.info(
+        "Select two or more runs on the **Runs** page and press Compare "
+        "(this page's URL is `/compare?runs=ID,ID`)."
+    )
     st.stop()
 st.caption(" · ".join(label(r) for r in runs))
 
 keys = sorted({k for r in runs for k in store.metric_keys(r.id)})
 default = mk.reward_key(mk.TRAIN)
 c1, c2, c3 = st.columns([3, 2, 2])
-metric = c1.selectbox("Metric", keys or [default],
-                      index=keys.index(param("metric", default)) if param("metric", default)
-                      in keys else 0)
+metric = c1.selectbox(
+    "Metric",
+    keys or [default],
+    index=keys.index(param("metric", default)) if param("metric", default) in keys else 0,
+)
 axis_names = list(X_AXES)
-axis = c2.radio("x-axis", axis_names, horizontal=True,
-                index=axis_names.index(param("x")) if param("x") in X_AXES else 0)
+axis = c2.radio(
+    "x-axis",
+    axis_names,
+    horizontal=True,
+    index=axis_names.index(param("x")) if param("x") in X_AXES else 0,
+)
 smoothing = c3.slider("Smoothing (EMA)", 0.0, 0.99, smoothing_param(), 0.01)
 set_param("metric", "" if metric == default else metric)
 set_param("x", "" if axis == "step" else axis)
 set_param("smooth", "" if smoothing == 0 else f"{smoothing:g}")
 
 x = X_AXES[axis]
-lines = [charts.frame(store.metric_buckets(r.id, metric), x, smoothing).assign(run=label(r))
-         for r in runs]
+lines = [
+    charts.frame(store.metric_buckets(r.id, metric), x, smoothing).assign(run=label(r))
+    for r in runs
+]
 data = pd.concat(lines, ignore_index=True)
 if data.empty:
     st.info(f"None of these runs recorded {metric} yet.")
@@ -60,12 +70,25 @@ else:
 st.subheader("Summary")
 latest = store.latest_metrics([r.id for r in runs])
 best = store.best_metrics([r.id for r in runs], mk.reward_key(mk.EVAL))
-st.dataframe(pd.DataFrame([{
-    "run": label(r), "status": r.status.value, "method": r.method, "mode": mode(r),
-    "step": f"{r.step} / {r.total_steps or '?'}", "elapsed": duration(elapsed(r)),
-    "train reward (last)": latest[r.id].get(mk.reward_key(mk.TRAIN)),
-    "eval reward (best)": best.get(r.id), metric + " (last)": latest[r.id].get(metric),
-} for r in runs]), hide_index=True)
+st.dataframe(
+    pd.DataFrame(
+        [
+            {
+                "run": label(r),
+                "status": r.status.value,
+                "method": r.method,
+                "mode": mode(r),
+                "step": f"{r.step} / {r.total_steps or '?'}",
+                "elapsed": duration(elapsed(r)),
+                "train reward (last)": latest[r.id].get(mk.reward_key(mk.TRAIN)),
+                "eval reward (best)": best.get(r.id),
+                metric + " (last)": latest[r.id].get(metric),
+            }
+            for r in runs
+        ]
+    ),
+    hide_index=True,
+)
 
 st.subheader("Configuration")
 only = st.toggle("Only differences", value=param("all") != "1")

@@ -34,9 +34,13 @@ if clone and (fresh or st.session_state.get("new_cloned") != clone):
         st.error(str(exc))
         st.stop()
     suffix = uuid.uuid4().hex[:6]
-    forms.load_into_form({**parent.config, "run_name": f"{parent.name}-clone-{suffix}",
-                          "output_dir": f"{str(parent.config.get('output_dir')).rstrip('/')}"
-                                        f"-clone-{suffix}"})
+    forms.load_into_form(
+        {
+            **parent.config,
+            "run_name": f"{parent.name}-clone-{suffix}",
+            "output_dir": f"{str(parent.config.get('output_dir')).rstrip('/')}-clone-{suffix}",
+        }
+    )
     st.session_state["new_cloned"] = clone
     st.session_state["new_errors"] = {}
 forms.ensure_defaults()
@@ -44,8 +48,10 @@ if clone:
     st.info(f"Cloning run {clone}: change what you need and queue it.")
 editor = auth.can_edit()
 if not editor:
-    st.info("You are a viewer: you can look at the form and export YAML; queueing a run "
-            "needs an editor.")
+    st.info(
+        "You are a viewer: you can look at the form and export YAML; queueing a run "
+        "needs an editor."
+    )
 
 
 def _preset() -> None:
@@ -63,10 +69,20 @@ def _reward() -> None:
 
 with st.container(border=True):
     c1, c2, c3 = st.columns(3)
-    c1.selectbox("Preset", ["", *preset_names()], key="new_preset", on_change=_preset,
-                 format_func=lambda n: n or "choose a preset")
-    c2.selectbox("Built-in reward", ["", *BUILTIN_REWARDS], key="new_builtin_reward",
-                 on_change=_reward, format_func=lambda n: n or "choose a reward function")
+    c1.selectbox(
+        "Preset",
+        ["", *preset_names()],
+        key="new_preset",
+        on_change=_preset,
+        format_func=lambda n: n or "choose a preset",
+    )
+    c2.selectbox(
+        "Built-in reward",
+        ["", *BUILTIN_REWARDS],
+        key="new_builtin_reward",
+        on_change=_reward,
+        format_func=lambda n: n or "choose a reward function",
+    )
     imported = c3.file_uploader("Import YAML", type=["yaml", "yml"], key="new_yaml")
     if imported is not None and st.session_state.get("new_yaml_done") != imported.file_id:
         try:
@@ -75,8 +91,11 @@ with st.container(border=True):
         except ConfigError as exc:
             st.session_state["new_errors"] = {e.field: e.message for e in exc.errors}
         st.session_state["new_yaml_done"] = imported.file_id
-    upload = st.file_uploader("Upload a training dataset (parquet: prompt, reward_func_args)",
-                              type=["parquet"], key="new_parquet")
+    upload = st.file_uploader(
+        "Upload a training dataset (parquet: prompt, reward_func_args)",
+        type=["parquet"],
+        key="new_parquet",
+    )
     if upload is not None and st.session_state.get("new_parquet_done") != upload.file_id:
         relative = f"{UPLOADS}/{uuid.uuid4().hex[:8]}-{Path(upload.name).name}"
         target = resolve_path(relative)
@@ -106,17 +125,20 @@ forms.render_fields(errors)
 
 left, right = st.columns(2)
 if config is not None:
-    right.download_button("Export YAML", config.to_yaml(), "run.yaml", "text/yaml",
-                          icon=":material/download:")
-if left.button("Queue run", type="primary", icon=":material/rocket_launch:",
-               disabled=not editor):
+    right.download_button(
+        "Export YAML", config.to_yaml(), "run.yaml", "text/yaml", icon=":material/download:"
+    )
+if left.button("Queue run", type="primary", icon=":material/rocket_launch:", disabled=not editor):
     if problems:
         st.session_state["new_errors"] = problems
         st.rerun()
     try:
-        run = actions.launch(store, config,
-                             parent_id=int(clone) if clone.isdigit() else None,
-                             tags=[t.strip() for t in tags.split(",") if t.strip()])
+        run = actions.launch(
+            store,
+            config,
+            parent_id=int(clone) if clone.isdigit() else None,
+            tags=[t.strip() for t in tags.split(",") if t.strip()],
+        )
     except ConfigError as exc:
         st.session_state["new_errors"] = {e.field: e.message for e in exc.errors}
         st.rerun()

@@ -25,6 +25,7 @@ except StoreError as exc:
     st.error(str(exc))
     st.stop()
 
+
 def status() -> None:
     """Status and actions; reruns itself every few seconds while the run is live."""
     current = store.get_run(run.id)
@@ -41,17 +42,23 @@ def status() -> None:
 
 
 st.title(run.name)
-st.caption(f"run {run.id} · {run.method} · {mode(run)} · uuid {run.uuid} · "
-           f"tags: {', '.join(run.tags) or '–'}")
+st.caption(
+    f"run {run.id} · {run.method} · {mode(run)} · uuid {run.uuid} · "
+    f"tags: {', '.join(run.tags) or '–'}"
+)
 refresh = None if run.status.is_terminal() else REFRESH_SECONDS
 st.fragment(run_every=refresh)(status)()
 
 o1, o2 = st.columns(2)
 axis_names = list(X_AXES)
-axis = o1.radio("x-axis", axis_names, horizontal=True, key="run_x",
-                index=axis_names.index(param("x")) if param("x") in X_AXES else 0)
-smoothing = o2.slider("Smoothing (EMA)", 0.0, 0.99, smoothing_param(), 0.01,
-                      key="run_smooth")
+axis = o1.radio(
+    "x-axis",
+    axis_names,
+    horizontal=True,
+    key="run_x",
+    index=axis_names.index(param("x")) if param("x") in X_AXES else 0,
+)
+smoothing = o2.slider("Smoothing (EMA)", 0.0, 0.99, smoothing_param(), 0.01, key="run_smooth")
 set_param("x", "" if axis == "step" else axis)
 set_param("smooth", "" if smoothing == 0 else f"{smoothing:g}")
 x = X_AXES[axis]
@@ -72,11 +79,14 @@ st.fragment(run_every=refresh)(live_charts)()
 
 config_tab, samples_tab, lbes_tab, align_tab, events_tab, ckpt_tab, export_tab = st.tabs(
     ["Configuration", "Samples", "LBES", "Alignment", "Events", "Checkpoints", "Export"],
-    key="tab", bind="query-params")
+    key="tab",
+    bind="query-params",
+)
 with config_tab:
-    st.dataframe(pd.DataFrame({"option": list(run.config),
-                               "value": [str(v) for v in run.config.values()]}),
-                 hide_index=True)
+    st.dataframe(
+        pd.DataFrame({"option": list(run.config), "value": [str(v) for v in run.config.values()]}),
+        hide_index=True,
+    )
 with samples_tab:
     samples_table(store, run, "run_samples")
 with lbes_tab:
@@ -95,22 +105,46 @@ with ckpt_tab:
         st.dataframe(pd.DataFrame([c.__dict__ for c in ckpts]), hide_index=True)
         on_disk = [c for c in ckpts if resolve_path(c.path).is_dir()]
         if on_disk:
-            chosen = st.selectbox("Checkpoint", on_disk, index=len(on_disk) - 1,
-                                  format_func=lambda c: f"step {c.step}: {c.path}")
-            st.download_button("Download as .tar", lambda: exports.folder_tar(chosen.path),
-                               f"run-{run.id}-step-{chosen.step}.tar", "application/x-tar",
-                               icon=":material/download:")
+            chosen = st.selectbox(
+                "Checkpoint",
+                on_disk,
+                index=len(on_disk) - 1,
+                format_func=lambda c: f"step {c.step}: {c.path}",
+            )
+            st.download_button(
+                "Download as .tar",
+                lambda: exports.folder_tar(chosen.path),
+                f"run-{run.id}-step-{chosen.step}.tar",
+                "application/x-tar",
+                icon=":material/download:",
+            )
             if not (resolve_path(chosen.path) / "config.json").is_file():
-                st.caption("A cancel's checkpoint: the fp32 master weights and the trainer "
-                           "state, what `eslab resume` needs, without the Hugging Face "
-                           "folder (the final model has it).")
+                st.caption(
+                    "A cancel's checkpoint: the fp32 master weights and the trainer "
+                    "state, what `eslab resume` needs, without the Hugging Face "
+                    "folder (the final model has it)."
+                )
     else:
         st.info("No checkpoints yet.")
 with export_tab:
-    st.download_button("Run as JSON (everything)", lambda: exports.run_json(store, run.id),
-                       f"run-{run.id}.json", "application/json", icon=":material/download:")
-    st.download_button("Metrics as CSV", lambda: exports.metrics_csv(store, run.id),
-                       f"run-{run.id}-metrics.csv", "text/csv", icon=":material/download:")
-    st.download_button("Report as HTML (charts included, opens offline)",
-                       lambda: report.run_report(store, run.id), f"run-{run.id}.html",
-                       "text/html", icon=":material/download:")
+    st.download_button(
+        "Run as JSON (everything)",
+        lambda: exports.run_json(store, run.id),
+        f"run-{run.id}.json",
+        "application/json",
+        icon=":material/download:",
+    )
+    st.download_button(
+        "Metrics as CSV",
+        lambda: exports.metrics_csv(store, run.id),
+        f"run-{run.id}-metrics.csv",
+        "text/csv",
+        icon=":material/download:",
+    )
+    st.download_button(
+        "Report as HTML (charts included, opens offline)",
+        lambda: report.run_report(store, run.id),
+        f"run-{run.id}.html",
+        "text/html",
+        icon=":material/download:",
+    )

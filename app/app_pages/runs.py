@@ -25,32 +25,57 @@ from jobs.store.status import RunStatus
 
 PAGE_SIZE = 50
 REFRESH_SECONDS = 5
-SORTS = {"newest": "-created_at", "oldest": "created_at", "name": "name", "status": "status",
-         "method": "method", "most steps": "-step"}
+SORTS = {
+    "newest": "-created_at",
+    "oldest": "created_at",
+    "name": "name",
+    "status": "status",
+    "method": "method",
+    "most steps": "-step",
+}
 
 st.title("Runs")
 store = get_store()
 
 c1, c2, c3, c4, c5 = st.columns([3, 3, 2, 2, 2])
 text = c1.text_input("Search", param("q"), placeholder="name, id or uuid")
-statuses = c2.multiselect("Status", [s.value for s in RunStatus],
-                          [s for s in param_list("status") if s in set(RunStatus)])
-methods = c3.multiselect("Method", ["es", "lbes"],
-                         [m for m in param_list("method") if m in ("es", "lbes")])
+statuses = c2.multiselect(
+    "Status", [s.value for s in RunStatus], [s for s in param_list("status") if s in set(RunStatus)]
+)
+methods = c3.multiselect(
+    "Method", ["es", "lbes"], [m for m in param_list("method") if m in ("es", "lbes")]
+)
 tag = c4.text_input("Tag", param("tag"))
 sort_names = list(SORTS)
-sort = c5.selectbox("Sort", sort_names, index=sort_names.index(param("sort", "newest"))
-                    if param("sort", "newest") in SORTS else 0)
-for name, value in (("q", text), ("status", statuses), ("method", methods), ("tag", tag),
-                    ("sort", "" if sort == "newest" else sort)):
+sort = c5.selectbox(
+    "Sort",
+    sort_names,
+    index=sort_names.index(param("sort", "newest")) if param("sort", "newest") in SORTS else 0,
+)
+for name, value in (
+    ("q", text),
+    ("status", statuses),
+    ("method", methods),
+    ("tag", tag),
+    ("sort", "" if sort == "newest" else sort),
+):
     set_param(name, value)
 
-runs, total = store.search_runs(text=text, statuses=statuses, methods=methods, tag=tag,
-                                order=SORTS[sort], limit=PAGE_SIZE,
-                                offset=PAGE_SIZE * max(0, int_param("page", 1) - 1))
+runs, total = store.search_runs(
+    text=text,
+    statuses=statuses,
+    methods=methods,
+    tag=tag,
+    order=SORTS[sort],
+    limit=PAGE_SIZE,
+    offset=PAGE_SIZE * max(0, int_param("page", 1) - 1),
+)
 if total == 0:
-    st.info("No runs match." if store.count_runs() else
-            "No runs exist yet: open **New run** or use `eslab submit run.yaml`.")
+    st.info(
+        "No runs match."
+        if store.count_runs()
+        else "No runs exist yet: open **New run** or use `eslab submit run.yaml`."
+    )
     st.stop()
 
 pages = -(-total // PAGE_SIZE)
@@ -58,8 +83,15 @@ page = min(max(1, int_param("page", 1)), pages)
 if pages > 1:
     page = st.number_input(f"Page (of {pages}, {total} runs)", 1, pages, page)
     set_param("page", "" if page == 1 else str(page))
-    runs, _ = store.search_runs(text=text, statuses=statuses, methods=methods, tag=tag,
-                                order=SORTS[sort], limit=PAGE_SIZE, offset=PAGE_SIZE * (page - 1))
+    runs, _ = store.search_runs(
+        text=text,
+        statuses=statuses,
+        methods=methods,
+        tag=tag,
+        order=SORTS[sort],
+        limit=PAGE_SIZE,
+        offset=PAGE_SIZE * (page - 1),
+    )
 
 
 def live(listed: list[RunRecord]) -> bool:
@@ -68,24 +100,47 @@ def live(listed: list[RunRecord]) -> bool:
 
 def table_and_actions(refreshing: bool) -> None:
     """The table of this page of runs and the buttons acting on the selected ones."""
-    shown, _ = store.search_runs(text=text, statuses=statuses, methods=methods, tag=tag,
-                                 order=SORTS[sort], limit=PAGE_SIZE,
-                                 offset=PAGE_SIZE * (page - 1))
+    shown, _ = store.search_runs(
+        text=text,
+        statuses=statuses,
+        methods=methods,
+        tag=tag,
+        order=SORTS[sort],
+        limit=PAGE_SIZE,
+        offset=PAGE_SIZE * (page - 1),
+    )
     if refreshing and not live(shown):
         st.rerun(scope="app")  # the last live run ended: redraw once without the timer
     ids = [r.id for r in shown]
     reward = mk.reward_key(mk.TRAIN)
     lines = store.sparklines(ids, reward, points=30)
     best = store.best_metrics(ids, mk.reward_key(mk.EVAL))
-    table = pd.DataFrame([{
-        "id": r.id, "name": r.name, "status": r.status.value, "method": r.method,
-        "mode": mode(r), "model": model_name(r), "task": task_name(r), "progress": progress(r),
-        "step": f"{r.step} / {r.total_steps or '?'}", "best eval reward": best.get(r.id),
-        "train reward": lines[r.id], "created": r.created_at, "tags": ", ".join(r.tags),
-        "open": f"/run?run={r.id}",
-    } for r in shown])
+    table = pd.DataFrame(
+        [
+            {
+                "id": r.id,
+                "name": r.name,
+                "status": r.status.value,
+                "method": r.method,
+                "mode": mode(r),
+                "model": model_name(r),
+                "task": task_name(r),
+                "progress": progress(r),
+                "step": f"{r.step} / {r.total_steps or '?'}",
+                "best eval reward": best.get(r.id),
+                "train reward": lines[r.id],
+                "created": r.created_at,
+                "tags": ", ".join(r.tags),
+                "open": f"/run?run={r.id}",
+            }
+            for r in shown
+        ]
+    )
     event = st.dataframe(
-        table, hide_index=True, on_select="rerun", selection_mode="multi-row",
+        table,
+        hide_index=True,
+        on_select="rerun",
+        selection_mode="multi-row",
         key="runs_table",
         column_config={
             "progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=1),
@@ -95,33 +150,39 @@ def table_and_actions(refreshing: bool) -> None:
         },
     )
     selected = [shown[i] for i in event.selection.rows if i < len(shown)]
-    st.caption(f"{total} runs · page {page} of {pages} · selected: "
-               + (", ".join(label(r) for r in selected) or "none")
-               + (f" · refreshing every {REFRESH_SECONDS} s" if refreshing else ""))
+    st.caption(
+        f"{total} runs · page {page} of {pages} · selected: "
+        + (", ".join(label(r) for r in selected) or "none")
+        + (f" · refreshing every {REFRESH_SECONDS} s" if refreshing else "")
+    )
 
     editor = auth.can_edit()
     b1, b2, b3, b4, b5, b6 = st.columns(6)
     if b1.button("Open", disabled=len(selected) != 1, icon=":material/open_in_new:"):
         st.switch_page(actions.RUN_PAGE, query_params={"run": str(selected[0].id)})
     if b2.button("Compare", disabled=len(selected) < 2, icon=":material/compare:"):
-        st.switch_page(actions.COMPARE_PAGE,
-                       query_params={"runs": ",".join(str(r.id) for r in selected)})
+        st.switch_page(
+            actions.COMPARE_PAGE, query_params={"runs": ",".join(str(r.id) for r in selected)}
+        )
     if not editor:
         b3.caption("Viewers cannot clone, cancel, resume or delete runs.")
         return
     if b3.button("Clone", disabled=len(selected) != 1, icon=":material/content_copy:"):
         actions.clone(selected[0].id)
     for column, title, icon, allowed, act in (
-            (b4, "Cancel", ":material/stop:", actions.can_cancel, actions.cancel),
-            (b5, "Resume", ":material/play_arrow:", actions.can_resume, actions.resume)):
+        (b4, "Cancel", ":material/stop:", actions.can_cancel, actions.cancel),
+        (b5, "Resume", ":material/play_arrow:", actions.can_resume, actions.resume),
+    ):
         if column.button(title, disabled=not any(allowed(r) for r in selected), icon=icon):
             for r in selected:
                 if allowed(r):
                     act(store, r.id)
             st.rerun()
-    if b6.button("Delete",
-                 disabled=not selected or not all(actions.can_delete(r) for r in selected),
-                 icon=":material/delete:"):
+    if b6.button(
+        "Delete",
+        disabled=not selected or not all(actions.can_delete(r) for r in selected),
+        icon=":material/delete:",
+    ):
         actions.confirm_delete(store, selected)
 
 

@@ -24,7 +24,11 @@ if wanted is not None and wanted not in ids:
         st.error(str(exc))
         wanted = None
 by_id = {r.id: r for r in runs}
-chosen = st.selectbox("Run", ids, index=ids.index(wanted) if wanted in ids else 0,
-                      format_func=lambda i: label(by_id[i]))
+chosen = st.selectbox(
+    "Run",
+    ids,
+    index=ids.index(wanted) if wanted in ids else 0,
+    format_func=lambda i: label(by_id[i]),
+)
 set_param("run", str(chosen))
 samples_table(store, by_id[chosen], "samples")

@@ -36,4 +36,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Driver messages span lines; a user gets one line that names what and what to run.
         print_error(" ".join(str(exc).split()))
         return 2
-

@@ -13,17 +13,24 @@ from jobs.store.errors import StoreError
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     bon = commands.add_parser(
-        "bon", help="best-of-n evaluation of a checkpoint: proxy vs gold score as n grows")
-    bon.add_argument("run", help="run id or uuid (prefix; its latest checkpoint), or a "
-                     "checkpoint-STEP folder")
-    bon.add_argument("--gold", required=True, help="gold reward: a reward function dotted "
-                     "path, `scorer` (the run's scorer_url) or a scorer URL")
+        "bon", help="best-of-n evaluation of a checkpoint: proxy vs gold score as n grows"
+    )
+    bon.add_argument(
+        "run", help="run id or uuid (prefix; its latest checkpoint), or a checkpoint-STEP folder"
+    )
+    bon.add_argument(
+        "--gold",
+        required=True,
+        help="gold reward: a reward function dotted "
+        "path, `scorer` (the run's scorer_url) or a scorer URL",
+    )
     bon.add_argument("--proxy", default="run", help="proxy reward (default: the run's own)")
     bon.add_argument("--n", default="1,2,4,8", help="comma-separated n values")
     bon.add_argument("--samples", type=int, help="answers per prompt N (default: largest n)")
     bon.add_argument("--prompts", type=int, default=16, help="prompts of the eval set")
-    bon.add_argument("--out", help="JSON [{n, proxy_score, gold_score}] (default "
-                     "CHECKPOINT/bon.json)")
+    bon.add_argument(
+        "--out", help="JSON [{n, proxy_score, gold_score}] (default CHECKPOINT/bon.json)"
+    )
     bon.set_defaults(func=cmd_bon)
 
 
@@ -34,8 +41,10 @@ def _checkpoint_of(run_or_path: str) -> Path:
     with open_store() as store:
         checkpoints = store.checkpoints(run_or_path)
     if not checkpoints:
-        raise StoreError(f"run {run_or_path} has no checkpoint: set save_strategy, or pass a "
-                         "checkpoint-STEP folder")
+        raise StoreError(
+            f"run {run_or_path} has no checkpoint: set save_strategy, or pass a "
+            "checkpoint-STEP folder"
+        )
     return Path(checkpoints[-1].path)
 
 
@@ -45,11 +54,13 @@ def cmd_bon(args: argparse.Namespace) -> int:
     try:
         ns = sorted({int(n) for n in args.n.split(",")})
     except ValueError:
-        raise ConfigError([FieldError("n", f"--n must be comma-separated integers, got "
-                                           f"{args.n!r}")]) from None
+        raise ConfigError(
+            [FieldError("n", f"--n must be comma-separated integers, got {args.n!r}")]
+        ) from None
     checkpoint = _checkpoint_of(args.run)
-    points = evaluate_best_of_n(checkpoint, args.gold, ns, proxy=args.proxy,
-                                samples=args.samples, max_prompts=args.prompts)
+    points = evaluate_best_of_n(
+        checkpoint, args.gold, ns, proxy=args.proxy, samples=args.samples, max_prompts=args.prompts
+    )
     out = write_points(points, Path(args.out) if args.out else checkpoint / "bon.json")
     print(f"{'n':>6} {'proxy':>10} {'gold':>10}")
     for p in points:

@@ -25,8 +25,15 @@ if TYPE_CHECKING:
 
 DASHBOARD_PORT = 8501
 USER_ERRORS: tuple[type[Exception], ...] = (
-    ConfigError, DatasetError, MissingExtra, ModelError, RewardError, StoreError, ScorerError,
-    ScoringModelError)
+    ConfigError,
+    DatasetError,
+    MissingExtra,
+    ModelError,
+    RewardError,
+    StoreError,
+    ScorerError,
+    ScoringModelError,
+)
 
 
 def print_error(message: str) -> None:

@@ -27,8 +27,11 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 def cmd_data_countdown(args: argparse.Namespace) -> int:
     from engine.data.countdown import generate_countdown
 
-    print(generate_countdown(args.n_given_numbers, args.out, n_train=args.n_train,
-                             n_test=args.n_test, seed=args.seed).summary)
+    print(
+        generate_countdown(
+            args.n_given_numbers, args.out, n_train=args.n_train, n_test=args.n_test, seed=args.seed
+        ).summary
+    )
     return 0
 
 

@@ -21,8 +21,11 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     export = commands.add_parser("export", help="a run's metrics, population and samples")
     export.add_argument("run", help="run id or uuid (prefix)")
     export.add_argument("--format", choices=("csv", "json", "html"), default="json")
-    export.add_argument("--out", help="json: file (default stdout); csv: folder "
-                        "(default NAME-export/); html: file (default NAME.html)")
+    export.add_argument(
+        "--out",
+        help="json: file (default stdout); csv: folder "
+        "(default NAME-export/); html: file (default NAME.html)",
+    )
     export.set_defaults(func=cmd_export)
 
 
@@ -34,13 +37,19 @@ def cmd_export(args: argparse.Namespace) -> int:
             return _export_html(store, args)
         exported = store.export_run(args.run)
     run = _plain(asdict(exported.run))
-    tables = {"metrics": exported.metrics, "population": exported.population,
-              "samples": exported.samples}
+    tables = {
+        "metrics": exported.metrics,
+        "population": exported.population,
+        "samples": exported.samples,
+    }
     counts = ", ".join(f"{len(rows)} {name} rows" for name, rows in tables.items())
     if args.format == "json":
-        document = {"run": run, **tables,
-                    "checkpoints": [_plain(asdict(c)) for c in exported.checkpoints],
-                    "events": [_plain(asdict(e)) for e in exported.events]}
+        document = {
+            "run": run,
+            **tables,
+            "checkpoints": [_plain(asdict(c)) for c in exported.checkpoints],
+            "events": [_plain(asdict(e)) for e in exported.events],
+        }
         text = json.dumps(document, indent=1, default=str)
         if args.out in (None, "-"):
             print(text)
@@ -79,5 +88,6 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: json.dumps(v) if isinstance(v, dict | list) else v
-                             for k, v in row.items()})
+            writer.writerow(
+                {k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in row.items()}
+            )

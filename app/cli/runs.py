@@ -12,8 +12,9 @@ from engine.config import RunConfig
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     submit = commands.add_parser("submit", help="validate a run and queue it for `eslab serve`")
-    submit.add_argument("config",
-                        help="YAML file of option: value pairs (see engine/config/schema.py)")
+    submit.add_argument(
+        "config", help="YAML file of option: value pairs (see engine/config/schema.py)"
+    )
     add_set_option(submit, "override an option of the file (repeatable)")
     submit.add_argument("--tag", action="append", default=[], help="label the run (repeatable)")
     submit.set_defaults(func=cmd_submit)
@@ -24,7 +25,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     cancel.add_argument("run", help="run id or uuid (prefix)")
     cancel.set_defaults(func=cmd_cancel)
     resume = commands.add_parser(
-        "resume", help="queue a failed or cancelled run again from its latest checkpoint")
+        "resume", help="queue a failed or cancelled run again from its latest checkpoint"
+    )
     resume.add_argument("run", help="run id or uuid (prefix)")
     resume.set_defaults(func=cmd_resume)
     clone = commands.add_parser("clone", help="queue a new run from another's configuration")
@@ -37,8 +39,12 @@ def _overridden(pairs: list[str], option: str) -> bool:
     return any(p.partition("=")[0].strip().rpartition(".")[2] == option for p in pairs)
 
 
-def _queue(config: RunConfig, name: str | None = None, parent_id: int | None = None,
-           tags: Sequence[str] = ()) -> int:
+def _queue(
+    config: RunConfig,
+    name: str | None = None,
+    parent_id: int | None = None,
+    tags: Sequence[str] = (),
+) -> int:
     """Queue the run through jobs.launch (the path the dashboard uses too) and print it."""
     from jobs.launch import queue_run
 
@@ -62,11 +68,17 @@ def cmd_clone(args: argparse.Namespace) -> int:
         parent = store.get_run(args.run)
     base = RunConfig.from_flat(parent.config)
     suffix = uuid.uuid4().hex[:6]
-    own = [] if _overridden(args.set, "output_dir") else [
-        f"output_dir={str(base.data.output_dir).rstrip('/')}-clone-{suffix}"]
+    own = (
+        []
+        if _overridden(args.set, "output_dir")
+        else [f"output_dir={str(base.data.output_dir).rstrip('/')}-clone-{suffix}"]
+    )
     config = base.with_overrides(own + args.set)
-    name = config.logging.run_name if _overridden(args.set, "run_name") else \
-        f"{parent.name}-clone-{suffix}"
+    name = (
+        config.logging.run_name
+        if _overridden(args.set, "run_name")
+        else f"{parent.name}-clone-{suffix}"
+    )
     return _queue(config, name=name, parent_id=parent.id, tags=parent.tags)
 
 
@@ -77,8 +89,17 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print("no runs yet; `eslab submit CONFIG.yaml` queues one")
         return 0
     rows = [("ID", "NAME", "METHOD", "STATUS", "STEP", "CREATED")]
-    rows += [(str(r.id), r.name, r.method, r.status.value, f"{r.step}/{r.total_steps or '?'}",
-              r.created_at.astimezone().strftime("%Y-%m-%d %H:%M")) for r in runs]
+    rows += [
+        (
+            str(r.id),
+            r.name,
+            r.method,
+            r.status.value,
+            f"{r.step}/{r.total_steps or '?'}",
+            r.created_at.astimezone().strftime("%Y-%m-%d %H:%M"),
+        )
+        for r in runs
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
@@ -93,8 +114,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     if run.status is RunStatus.CANCELLED:
         print(f"run {run.id} cancelled (it had not started)")
     else:
-        print(f"run {run.id} is cancelling: its job finishes the current step, saves a "
-              "checkpoint and ends cancelled (`eslab resume` continues it)")
+        print(
+            f"run {run.id} is cancelling: its job finishes the current step, saves a "
+            "checkpoint and ends cancelled (`eslab resume` continues it)"
+        )
     return 0
 
 
@@ -106,8 +129,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
     with open_store() as store:
         checkpoint = latest_checkpoint(store, args.run)
         run = store.resume_run(args.run, checkpoint.step if checkpoint else 0)
-    where = f"{checkpoint.path} (step {checkpoint.step})" if checkpoint else "the start (no " \
-        "checkpoint was saved)"
+    where = (
+        f"{checkpoint.path} (step {checkpoint.step})"
+        if checkpoint
+        else "the start (no checkpoint was saved)"
+    )
     print(f"run {run.id} queued again as attempt {run.attempt}: resumes from {where}")
     print(dashboard_url(run.id))
     return 0

@@ -13,30 +13,45 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     scorer = commands.add_parser("scorer", help="the alignment reward/cost scorer service")
     scorer_cmds = scorer.add_subparsers(dest="scorer_command", required=True, metavar="ACTION")
     serve = scorer_cmds.add_parser(
-        "serve", help="serve GET /health and POST /score_batch {prompts, responses}")
+        "serve", help="serve GET /health and POST /score_batch {prompts, responses}"
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--reward-model", default=str(default_scorer_dir() / "reward"),
-                       help="Hugging Face sequence-classification folder (default: the "
-                       "`train-default` reward model)")
-    serve.add_argument("--cost-model", default=str(default_scorer_dir() / "cost"),
-                       help="Hugging Face sequence-classification folder; cost > 0 is unsafe")
+    serve.add_argument(
+        "--reward-model",
+        default=str(default_scorer_dir() / "reward"),
+        help="Hugging Face sequence-classification folder (default: the "
+        "`train-default` reward model)",
+    )
+    serve.add_argument(
+        "--cost-model",
+        default=str(default_scorer_dir() / "cost"),
+        help="Hugging Face sequence-classification folder; cost > 0 is unsafe",
+    )
     serve.add_argument("--batch-size", type=int, default=32, help="pairs per forward pass")
     serve.add_argument("--max-length", type=int, default=256, help="tokens per pair")
     serve.set_defaults(func=cmd_scorer_serve)
     train = scorer_cmds.add_parser(
-        "train-default", help="fine-tune the offline MiniLM reward and cost models (CPU)")
+        "train-default", help="fine-tune the offline MiniLM reward and cost models (CPU)"
+    )
     train.add_argument("--epochs", type=int, default=3)
-    train.add_argument("--out", help="folder for reward/ and cost/ (default "
-                       f"{default_scorer_dir()})")
+    train.add_argument(
+        "--out", help=f"folder for reward/ and cost/ (default {default_scorer_dir()})"
+    )
     train.set_defaults(func=cmd_scorer_train_default)
 
 
 def cmd_scorer_serve(args: argparse.Namespace) -> int:
     from scorer.service import serve
 
-    serve(args.reward_model, args.cost_model, host=args.host, port=args.port,
-          batch_size=args.batch_size, max_length=args.max_length)
+    serve(
+        args.reward_model,
+        args.cost_model,
+        host=args.host,
+        port=args.port,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+    )
     return 0
 
 

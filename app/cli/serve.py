@@ -9,13 +9,21 @@ from app.cli.common import DASHBOARD_PORT, print_error
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser(
-        "serve", help="start Ray, the scheduler and the dashboard on http://127.0.0.1:8501")
-    serve.add_argument("--host", default="127.0.0.1",
-                       help="address to bind: 127.0.0.1 (default) is this machine only; "
-                       "0.0.0.0 shares the dashboard (set ESLAB_AUTH_FILE for logins)")
+        "serve", help="start Ray, the scheduler and the dashboard on http://127.0.0.1:8501"
+    )
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind: 127.0.0.1 (default) is this machine only; "
+        "0.0.0.0 shares the dashboard (set ESLAB_AUTH_FILE for logins)",
+    )
     serve.add_argument("--port", type=int, default=DASHBOARD_PORT)
-    serve.add_argument("--max-concurrent-runs", type=int, metavar="N",
-                       help="runs at once (default: ESLAB_MAX_CONCURRENT_RUNS or 1)")
+    serve.add_argument(
+        "--max-concurrent-runs",
+        type=int,
+        metavar="N",
+        help="runs at once (default: ESLAB_MAX_CONCURRENT_RUNS or 1)",
+    )
     serve.set_defaults(func=cmd_serve)
 
 

@@ -13,13 +13,20 @@ from engine.sink import Sink
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     train = commands.add_parser(
-        "train", help="train in the foreground (no Ray) with a progress bar, recorded in the db")
-    train.add_argument("config", help="YAML file of option: value pairs, or a preset name "
-                       "(es-alignment, es-conciseness, es-countdown, lbes-countdown)")
+        "train", help="train in the foreground (no Ray) with a progress bar, recorded in the db"
+    )
+    train.add_argument(
+        "config",
+        help="YAML file of option: value pairs, or a preset name "
+        "(es-alignment, es-conciseness, es-countdown, lbes-countdown)",
+    )
     add_set_option(train, "override an option of the file (repeatable)")
     train.add_argument("--resume", metavar="CHECKPOINT", help="continue from checkpoint-STEP/")
-    train.add_argument("--no-db", metavar="METRICS.jsonl",
-                       help="write JSON lines to this file instead of the database")
+    train.add_argument(
+        "--no-db",
+        metavar="METRICS.jsonl",
+        help="write JSON lines to this file instead of the database",
+    )
     train.set_defaults(func=cmd_train)
 
 
@@ -56,8 +63,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         return bars[0]
 
     try:
-        Worker(store, run.id, foreground=True, resume_from=args.resume,
-               wrap_sink=with_progress).run()
+        Worker(
+            store, run.id, foreground=True, resume_from=args.resume, wrap_sink=with_progress
+        ).run()
     finally:
         for bar in bars:
             bar.close()

@@ -12,14 +12,18 @@ from app.cli.common import print_error
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     users = commands.add_parser(
-        "users", help="dashboard logins (ESLAB_AUTH_FILE): viewers look, editors act")
+        "users", help="dashboard logins (ESLAB_AUTH_FILE): viewers look, editors act"
+    )
     users.add_argument("--file", help="auth file, YAML or .toml (default: $ESLAB_AUTH_FILE)")
     users_cmds = users.add_subparsers(dest="users_command", required=True, metavar="ACTION")
     users_add = users_cmds.add_parser("add", help="add a user or change their role/password")
     users_add.add_argument("name")
     users_add.add_argument("--role", choices=("viewer", "editor"), required=True)
-    users_add.add_argument("--password-stdin", action="store_true",
-                           help="read the password from stdin instead of asking")
+    users_add.add_argument(
+        "--password-stdin",
+        action="store_true",
+        help="read the password from stdin instead of asking",
+    )
     users_add.set_defaults(func=cmd_users_add)
     users_cmds.add_parser("list", help="names and roles").set_defaults(func=cmd_users_list)
     users_remove = users_cmds.add_parser("remove", help="delete a user")

@@ -24,10 +24,20 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-                   "generation_config.json")
-ONE_B = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-         "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64}
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+ONE_B = {
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+}
 
 
 def build(source: Path, out: Path, overrides: dict) -> None:

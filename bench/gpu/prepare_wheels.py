@@ -40,21 +40,37 @@ PIECE_BYTES = 60_000_000
 CALL_BYTES = 63_000_000
 """Wheels a device call carries: 64 MiB a call, less the checkout that travels too (about
 0.6 MB); the code and tokenizer (about 4.5 MB) go with the fullest call that has room."""
-PLATFORMS = [
-    f"manylinux_2_{n}_x86_64" for n in (39, 35, 34, 31, 28, 27, 24, 17)
-] + ["manylinux2014_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (39, 35, 34, 31, 28, 27, 24, 17)] + [
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+    "linux_x86_64",
+]
 
 SKIP = {
     canonicalize_name(n)
     for n in (
         # present in the image in a usable version, or pinned by vLLM to the image's own
-        "torch", "torchaudio", "torchvision", "numba", "setuptools",
+        "torch",
+        "torchaudio",
+        "torchvision",
+        "numba",
+        "setuptools",
         # GPU kernel libraries the offline engine (FlashAttention backend, no flashinfer
         # sampler) never imports; together several hundred MB
-        "flashinfer-python", "flashinfer-cubin", "tilelang", "quack-kernels",
-        "tokenspeed-mla", "humming-kernels", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend",
-        "PyNvVideoCodec", "torchcodec", "fastsafetensors", "nvidia-cutlass-dsl-libs-base",
-        "nvidia-cutlass-dsl-libs-cu13", "cuda-python",
+        "flashinfer-python",
+        "flashinfer-cubin",
+        "tilelang",
+        "quack-kernels",
+        "tokenspeed-mla",
+        "humming-kernels",
+        "nvidia-cutlass-dsl",
+        "nvidia-cudnn-frontend",
+        "PyNvVideoCodec",
+        "torchcodec",
+        "fastsafetensors",
+        "nvidia-cutlass-dsl-libs-base",
+        "nvidia-cutlass-dsl-libs-cu13",
+        "cuda-python",
     )
 }
 
@@ -67,9 +83,14 @@ OVERRIDES = {
 
 # the Python of the GPU image: markers are evaluated for it, not for this machine
 TARGET_ENV = default_environment() | {
-    "python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
-    "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
-    "implementation_name": "cpython", "platform_python_implementation": "CPython",
+    "python_version": "3.12",
+    "python_full_version": "3.12.3",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "os_name": "posix",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
 }
 
 
@@ -88,9 +109,29 @@ def download(spec: str, dest: Path) -> Path:
         return done[0]
     folder.mkdir(parents=True, exist_ok=True)
     platform_args = [a for p in PLATFORMS for a in ("--platform", p)]
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-           "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312",
-           "--abi", "abi3", "--abi", "none", *platform_args, "-d", str(folder), spec]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        "--abi",
+        "cp312",
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+        *platform_args,
+        "-d",
+        str(folder),
+        spec,
+    ]
     if subprocess.run(cmd, capture_output=True, text=True).returncode != 0:
         cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(folder), spec]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -131,8 +172,9 @@ def resolve(roots: list[str], dest: Path) -> list[Path]:
             todo: dict[str, Requirement] = {}
             for req in level:
                 name = canonicalize_name(req.name)
-                if name in have and name not in {canonicalize_name(Requirement(r).name)
-                                                 for r in roots}:
+                if name in have and name not in {
+                    canonicalize_name(Requirement(r).name) for r in roots
+                }:
                     continue
                 new_extras = set(req.extras) - seen.get(name, set())
                 if name in seen and not new_extras:
@@ -140,9 +182,9 @@ def resolve(roots: list[str], dest: Path) -> list[Path]:
                 seen.setdefault(name, set()).update(req.extras)
                 todo[name] = req
             fetch = {n: r for n, r in todo.items() if n not in wheels}
-            for name, path in zip(fetch, pool.map(
-                    lambda r: download(spec(r), dest), fetch.values()),
-                    strict=True):
+            for name, path in zip(
+                fetch, pool.map(lambda r: download(spec(r), dest), fetch.values()), strict=True
+            ):
                 wheels[name] = path
                 print(f"  {path.name} ({path.stat().st_size / 1e6:.1f} MB)", flush=True)
             level = [dep for name in todo for dep in requirements(wheels[name], seen[name])]
@@ -190,8 +232,11 @@ def pack(files: list[Path], out: Path, capacity: int = CALL_BYTES) -> list[Path]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("build/gpu-wheels"))
-    parser.add_argument("--with-ray", action="store_true",
-                        help="also Ray, for EnginePool with several engines (Ray actors)")
+    parser.add_argument(
+        "--with-ray",
+        action="store_true",
+        help="also Ray, for EnginePool with several engines (Ray actors)",
+    )
     args = parser.parse_args()
     download_dir = args.out / "downloads"
     download_dir.mkdir(parents=True, exist_ok=True)
@@ -213,8 +258,10 @@ def main() -> None:
     for piece in pieces:
         print(f"piece {piece}: {piece.stat().st_size / 1e6:.1f} MB")
     calls = pack([*pieces, *deps.iterdir()], args.out / "calls")
-    print(f"\n{len(calls)} device calls, each carrying one folder into the wheel folder there "
-          "(bench/gpu/install.sh joins and installs after the last):")
+    print(
+        f"\n{len(calls)} device calls, each carrying one folder into the wheel folder there "
+        "(bench/gpu/install.sh joins and installs after the last):"
+    )
     for folder in calls:
         size = sum(f.stat().st_size for f in folder.iterdir())
         print(f"  {folder}: {len(list(folder.iterdir()))} files, {size / 1e6:.1f} MB")

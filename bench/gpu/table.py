@@ -26,14 +26,19 @@ def print_table(r: dict) -> None:
     base = r.get("batched_tokens_per_s")
     size = f"{r.get('parameters', 0) / 1e6:.0f}M"
     batched = f"; one call of {BATCH} prompts: {base:,.0f} tokens/s" if base else ""
-    print(f"\n{r['card']}: {r['model']} ({size} parameters), population {r['population']}, "
-          f"{r['prompts']} prompts a member, {r['max_tokens']} tokens{batched}")
-    print(f"{'size':>6} {'mode':<19}{'step s':>8}{'gen s':>8}{'perturb':>8}{'restore':>8}"
-          f"{'reward':>8}{'update':>8}{'tok/s':>9}{'util':>6}")
+    print(
+        f"\n{r['card']}: {r['model']} ({size} parameters), population {r['population']}, "
+        f"{r['prompts']} prompts a member, {r['max_tokens']} tokens{batched}"
+    )
+    print(
+        f"{'size':>6} {'mode':<19}{'step s':>8}{'gen s':>8}{'perturb':>8}{'restore':>8}"
+        f"{'reward':>8}{'update':>8}{'tok/s':>9}{'util':>6}"
+    )
     for row in r["rows"]:
         tps = row[TOKENS] / row[STEP]
-        mode = row.get("mode") or ("1 engine" if row["engines"] == 1
-                                   else f"{row['engines']} engines/GPU")
+        mode = row.get("mode") or (
+            "1 engine" if row["engines"] == 1 else f"{row['engines']} engines/GPU"
+        )
         mode += " MPS" if r.get("mps") and row["engines"] > 1 else ""
         phases = "".join(f"{row['time/' + p]:>8.2f}" for p in PHASES)
         util = f"{tps / base:>6.2f}" if base else ""
@@ -41,8 +46,11 @@ def print_table(r: dict) -> None:
     ops = r.get("weight_ops_s")
     if ops:
         copy = ops["copy"]
-        print("weight operations (median ms, x one plain copy of all weights): " + ", ".join(
-            f"{name} {s * 1e3:.2f} ({s / copy:.1f}x)" for name, s in ops.items()))
+        print(
+            "weight operations (median ms, x one plain copy of all weights): "
+            + ", ".join(f"{name} {s * 1e3:.2f} ({s / copy:.1f}x)" for name, s in ops.items())
+        )
+
 
 def main() -> None:
     files = [Path(a) for a in sys.argv[1:]] or sorted(RESULTS.glob("*.json"))

@@ -57,11 +57,16 @@ def batched_tokens_per_s(pool: EnginePool, max_tokens: int) -> float:
 
 def es_config(args: argparse.Namespace, lora: bool) -> RunConfig:
     options = {
-        "method": "es", "model": args.model, "train_file": str(TRAIN_FILE),
+        "method": "es",
+        "model": args.model,
+        "train_file": str(TRAIN_FILE),
         "output_dir": "/tmp/eslab-gpu-bench",
         "reward_func_path": "engine.rewards.conciseness.compute_score",
-        "population_size": args.population, "data_batch_size": args.prompts,
-        "max_steps": args.steps + 1, "max_tokens": args.max_tokens, "noise_std": 0.002,
+        "population_size": args.population,
+        "data_batch_size": args.prompts,
+        "max_steps": args.steps + 1,
+        "max_tokens": args.max_tokens,
+        "noise_std": 0.002,
         "learning_rate": 1e-5,
     }
     if lora:
@@ -100,9 +105,12 @@ def weight_ops(pool: EnginePool, population: int, repeats: int = 10) -> dict[str
         "copy": copy,
         "perturb": timed(lambda i: engine.perturb(50_000 + i, 0.002)),
         "restore": timed(lambda i: engine.restore()),
-        f"update_{population}": timed(lambda i: engine.update(
-            [int(s) for s in rng.integers(0, 2**31, population)],
-            [float(c) for c in rng.normal(0.0, 1e-6, population)])),
+        f"update_{population}": timed(
+            lambda i: engine.update(
+                [int(s) for s in rng.integers(0, 2**31, population)],
+                [float(c) for c in rng.normal(0.0, 1e-6, population)],
+            )
+        ),
         # the pool checks engines agree after every update: part of the trainer's update phase
         "checksum": timed(lambda i: engine.checksum(), 3),
     }
@@ -121,15 +129,25 @@ def main() -> None:
     parser.add_argument("--lora", action="store_true", help="add the low-rank mode's row")
     parser.add_argument("--rank", type=int, default=4, help="lora_rank of the --lora row")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--memory", type=float, default=0.4,
-                        help="share of the GPU's memory for all engines of a row together")
+    parser.add_argument(
+        "--memory",
+        type=float,
+        default=0.4,
+        help="share of the GPU's memory for all engines of a row together",
+    )
     args = parser.parse_args()
 
     import torch
 
     card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    results = {"model": args.model, "card": card, "population": args.population,
-               "prompts": args.prompts, "max_tokens": args.max_tokens, "rows": []}
+    results = {
+        "model": args.model,
+        "card": card,
+        "population": args.population,
+        "prompts": args.prompts,
+        "max_tokens": args.max_tokens,
+        "rows": [],
+    }
     common = {"max_model_len": args.max_model_len, "seed": 0}
     # engines in Ray actors free their memory when killed; an in-process engine does not, so
     # the one-engine row (which also measures the 256-prompt call) runs last
@@ -139,8 +157,14 @@ def main() -> None:
         seqs = BATCH if k == 1 else 4 * args.prompts
         # an in-process engine does not give all its memory back at shutdown: leave room
         # (the --lora row starts a second one after it)
-        pool = EnginePool(args.model, num_engines=k, engines_per_gpu=k, max_num_seqs=seqs,
-                          gpu_memory_utilization=args.memory / k, **common)
+        pool = EnginePool(
+            args.model,
+            num_engines=k,
+            engines_per_gpu=k,
+            max_num_seqs=seqs,
+            gpu_memory_utilization=args.memory / k,
+            **common,
+        )
         started = time.perf_counter() - start
         try:
             if k == 1:
@@ -148,8 +172,11 @@ def main() -> None:
                 results["parameters"] = info["num_parameters"]
                 results["packed_tensors"] = info["packed_tensors"]
                 results["batched_tokens_per_s"] = batched_tokens_per_s(pool, args.max_tokens)
-            row = {"engines": k, "start_s": started,
-                   **es_iteration(pool, es_config(args, lora=False))}
+            row = {
+                "engines": k,
+                "start_s": started,
+                **es_iteration(pool, es_config(args, lora=False)),
+            }
             if k == 1:
                 results["weight_ops_s"] = weight_ops(pool, args.population)
         finally:
@@ -164,12 +191,21 @@ def lora_row(args: argparse.Namespace, common: dict) -> dict:
     """The low-rank mode on one multi-LoRA engine (max_loras = the population)."""
     config = es_config(args, lora=True)
     start = time.perf_counter()
-    pool = EnginePool(args.model, max_num_seqs=BATCH, gpu_memory_utilization=args.memory,
-                      extra_llm_args=engine_args(config), **common)
+    pool = EnginePool(
+        args.model,
+        max_num_seqs=BATCH,
+        gpu_memory_utilization=args.memory,
+        extra_llm_args=engine_args(config),
+        **common,
+    )
     started = time.perf_counter() - start
     try:
-        return {"engines": 1, "mode": f"lora r{args.rank}", "start_s": started,
-                **es_iteration(pool, config)}
+        return {
+            "engines": 1,
+            "mode": f"lora r{args.rank}",
+            "start_s": started,
+            **es_iteration(pool, config),
+        }
     finally:
         pool.shutdown()
 

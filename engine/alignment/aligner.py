@@ -36,12 +36,19 @@ class Aligner:
     def __init__(self, config: RunConfig, snapshot: dict | None = None) -> None:
         a = config.alignment
         self.config = config
-        self.rule = LambdaRule(lambda_lr=a.lambda_lr, lambda_min=a.lambda_min,
-                               lambda_max=a.lambda_max, cost_threshold_d=a.cost_threshold_d,
-                               positive_cost_only=a.lambda_pos_cost_only,
-                               ema_beta=a.jc_ema_beta)
-        self.state = (LambdaState(snapshot["lambda"], snapshot["jc_smoothed"]) if snapshot
-                      else LambdaState(a.lambda_cost))
+        self.rule = LambdaRule(
+            lambda_lr=a.lambda_lr,
+            lambda_min=a.lambda_min,
+            lambda_max=a.lambda_max,
+            cost_threshold_d=a.cost_threshold_d,
+            positive_cost_only=a.lambda_pos_cost_only,
+            ema_beta=a.jc_ema_beta,
+        )
+        self.state = (
+            LambdaState(snapshot["lambda"], snapshot["jc_smoothed"])
+            if snapshot
+            else LambdaState(a.lambda_cost)
+        )
 
     @classmethod
     def for_run(cls, config: RunConfig, snapshot: dict | None = None) -> Aligner | None:
@@ -53,9 +60,12 @@ class Aligner:
     def fitness(self, results: list[ScoredBatch]) -> np.ndarray:
         """[N] F_i = mean(R) - lambda * mean(C) of each member, with this step's lambda."""
         a = self.config.alignment
-        obj = Objective(lambda_value=self.state.value,
-                        standardize_within_batch=a.standardize_within_batch,
-                        safe_first=a.safe_first, safe_first_factor=a.safe_first_factor)
+        obj = Objective(
+            lambda_value=self.state.value,
+            standardize_within_batch=a.standardize_within_batch,
+            safe_first=a.safe_first,
+            safe_first_factor=a.safe_first_factor,
+        )
         return np.array([objective(r.rewards, r.parts[COST], obj) for r in results])
 
     def adapt(self, base: ScoredBatch) -> dict[str, float]:
@@ -66,8 +76,13 @@ class Aligner:
         if self.config.alignment.lambda_adapt:
             update = update_lambda(self.state, base.parts[COST], self.rule)
             self.state = update.state
-            metrics.update({mk.JC_RAW: update.jc_raw, mk.JC_SMOOTHED: update.jc_smoothed,
-                            mk.LAMBDA_NEXT: update.state.value})
+            metrics.update(
+                {
+                    mk.JC_RAW: update.jc_raw,
+                    mk.JC_SMOOTHED: update.jc_smoothed,
+                    mk.LAMBDA_NEXT: update.state.value,
+                }
+            )
         metrics[mk.BASE_COST_MEAN] = float(np.mean(base.parts[COST]))
         metrics[mk.BASE_SAFE_RATIO] = safe_ratio(base.parts[COST])
         return metrics
@@ -75,15 +90,20 @@ class Aligner:
     @staticmethod
     def population_metrics(results: list[ScoredBatch], fitness: np.ndarray) -> dict[str, float]:
         costs = np.concatenate([r.parts[COST].reshape(-1) for r in results])
-        return {mk.reward_key(mk.TRAIN, "objective", "mean"): float(fitness.mean()),
-                mk.reward_key(mk.TRAIN, "objective", "std"): float(fitness.std()),
-                mk.reward_key(mk.TRAIN, "objective", "min"): float(fitness.min()),
-                mk.reward_key(mk.TRAIN, "objective", "max"): float(fitness.max()),
-                mk.SAFE_RATIO: safe_ratio(costs)}
+        return {
+            mk.reward_key(mk.TRAIN, "objective", "mean"): float(fitness.mean()),
+            mk.reward_key(mk.TRAIN, "objective", "std"): float(fitness.std()),
+            mk.reward_key(mk.TRAIN, "objective", "min"): float(fitness.min()),
+            mk.reward_key(mk.TRAIN, "objective", "max"): float(fitness.max()),
+            mk.SAFE_RATIO: safe_ratio(costs),
+        }
 
     @staticmethod
-    def with_scores(population: list[PopulationRecord],
-                    results: list[ScoredBatch]) -> list[PopulationRecord]:
+    def with_scores(
+        population: list[PopulationRecord], results: list[ScoredBatch]
+    ) -> list[PopulationRecord]:
         """Population rows carrying each member's mean reward and mean cost."""
-        return [replace(p, reward=float(r.rewards.mean()), cost=float(r.parts[COST].mean()))
-                for p, r in zip(population, results, strict=True)]
+        return [
+            replace(p, reward=float(r.rewards.mean()), cost=float(r.parts[COST].mean()))
+            for p, r in zip(population, results, strict=True)
+        ]

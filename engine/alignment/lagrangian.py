@@ -47,8 +47,10 @@ def objective(rewards: np.ndarray, costs: np.ndarray, obj: Objective) -> float:
     r = np.asarray(rewards, dtype=np.float64).reshape(-1)
     c = np.asarray(costs, dtype=np.float64).reshape(-1)
     if r.shape != c.shape or r.size == 0:
-        raise ValueError(f"rewards and costs must be non-empty and of one length, got "
-                         f"{r.size} rewards and {c.size} costs")
+        raise ValueError(
+            f"rewards and costs must be non-empty and of one length, got "
+            f"{r.size} rewards and {c.size} costs"
+        )
     r_eff = np.where(c > 0.0, obj.safe_first_factor * r, r) if obj.safe_first else r
     r_mean, c_mean = float(r_eff.mean()), float(c.mean())
     if obj.standardize_within_batch:
@@ -105,9 +107,16 @@ def update_lambda(state: LambdaState, base_costs: np.ndarray, rule: LambdaRule) 
         raise ValueError("the lambda update needs at least one cost")
     jc_raw = float(c.mean()) - rule.cost_threshold_d
     jc = max(jc_raw, 0.0) if rule.positive_cost_only else jc_raw
-    smoothed = jc if state.jc_smoothed is None else (
-        rule.ema_beta * state.jc_smoothed + (1.0 - rule.ema_beta) * jc)
+    smoothed = (
+        jc
+        if state.jc_smoothed is None
+        else (rule.ema_beta * state.jc_smoothed + (1.0 - rule.ema_beta) * jc)
+    )
     ln_lambda = math.log(max(state.value, 1e-12)) + rule.lambda_lr * smoothed
     value = min(max(math.exp(ln_lambda), rule.lambda_min), rule.lambda_max)
-    return LambdaUpdate(jc_raw=jc_raw, jc=jc, jc_smoothed=smoothed,
-                        state=LambdaState(value=value, jc_smoothed=smoothed))
+    return LambdaUpdate(
+        jc_raw=jc_raw,
+        jc=jc,
+        jc_smoothed=smoothed,
+        state=LambdaState(value=value, jc_smoothed=smoothed),
+    )

@@ -200,19 +200,27 @@ class EnginePool:
         parts = _split(list(prompts), self.num_engines)
         args = [(p, n, temperature, max_tokens, seed) for p in parts]
         if adapters is not None:
-            args = [(*a, part) for a, part in zip(args, _split(list(adapters),
-                                                               self.num_engines), strict=True)]
+            args = [
+                (*a, part)
+                for a, part in zip(args, _split(list(adapters), self.num_engines), strict=True)
+            ]
         outs = self._scatter("generate", args)
         return [c for out in outs for c in out]
 
-    def set_lora_members(self, members: Mapping[int, tuple[int, float]],
-                         adapters: Sequence[int], spec: dict[str, Any]) -> None:
+    def set_lora_members(
+        self,
+        members: Mapping[int, tuple[int, float]],
+        adapters: Sequence[int],
+        spec: dict[str, Any],
+    ) -> None:
         """Write members (slot -> (seed, scale)) into the LoRA slots of the engines that
         serve them: `adapters` is the per-prompt slot list that `generate` will get, and
         each engine gets the members of its part of it."""
         parts = _split(list(adapters), self.num_engines)
-        self._scatter("set_lora_members", [
-            ([(slot, *members[slot]) for slot in dict.fromkeys(part)], spec) for part in parts])
+        self._scatter(
+            "set_lora_members",
+            [([(slot, *members[slot]) for slot in dict.fromkeys(part)], spec) for part in parts],
+        )
 
     def completion_logprobs(
         self, prompts: Sequence[Messages], completions: Sequence[str | Sequence[int]]

@@ -26,8 +26,12 @@ def selection_weights(big_n: int, n: int) -> np.ndarray:
         raise ValueError(f"n must be in 1..N ({big_n}), got {n}")
     # log C(i-1, n-1) - log C(N, n) with lgamma: exact binomials overflow floats at N ~ 1e4.
     log_total = _log_comb(big_n, n)
-    return np.array([math.exp(_log_comb(i - 1, n - 1) - log_total) if i >= n else 0.0
-                     for i in range(1, big_n + 1)])
+    return np.array(
+        [
+            math.exp(_log_comb(i - 1, n - 1) - log_total) if i >= n else 0.0
+            for i in range(1, big_n + 1)
+        ]
+    )
 
 
 def _log_comb(a: int, b: int) -> float:
@@ -46,8 +50,7 @@ def best_of_n(proxy: np.ndarray, gold: np.ndarray, ns: list[int]) -> list[BonPoi
     p = np.atleast_2d(np.asarray(proxy, dtype=np.float64))
     g = np.atleast_2d(np.asarray(gold, dtype=np.float64))
     if p.shape != g.shape:
-        raise ValueError(f"proxy and gold scores must have one shape, got {p.shape} and "
-                         f"{g.shape}")
+        raise ValueError(f"proxy and gold scores must have one shape, got {p.shape} and {g.shape}")
     if not (np.isfinite(p).all() and np.isfinite(g).all()):
         raise ValueError("best-of-n needs finite proxy and gold scores")
     order = np.argsort(p, axis=1, kind="stable")  # [P, N]
@@ -56,6 +59,11 @@ def best_of_n(proxy: np.ndarray, gold: np.ndarray, ns: list[int]) -> list[BonPoi
     points = []
     for n in ns:
         w = selection_weights(p.shape[1], n)  # [N]
-        points.append(BonPoint(n=n, proxy_score=float((p_sorted @ w).mean()),
-                               gold_score=float((g_sorted @ w).mean())))
+        points.append(
+            BonPoint(
+                n=n,
+                proxy_score=float((p_sorted @ w).mean()),
+                gold_score=float((g_sorted @ w).mean()),
+            )
+        )
     return points

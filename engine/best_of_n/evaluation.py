@@ -44,15 +44,27 @@ def source_for(spec: str, config: RunConfig) -> RewardSources:
             return own
         spec = config.reward.reward_func_path or ""
     a = config.alignment
-    return RewardSources(reward_source="ensemble", reward_func_path=None,
-                         scorer_url=a.scorer_url if spec == "scorer" else None,
-                         members=(spec,), scorer_batch_size=a.scorer_batch_size,
-                         scorer_timeout_s=a.scorer_timeout_s, scorer_retries=a.scorer_retries)
+    return RewardSources(
+        reward_source="ensemble",
+        reward_func_path=None,
+        scorer_url=a.scorer_url if spec == "scorer" else None,
+        members=(spec,),
+        scorer_batch_size=a.scorer_batch_size,
+        scorer_timeout_s=a.scorer_timeout_s,
+        scorer_retries=a.scorer_retries,
+    )
 
 
-def evaluate_best_of_n(checkpoint: Path, gold: str, ns: list[int], *, proxy: str = RUN_PROXY,
-                       samples: int | None = None, max_prompts: int = 16,
-                       log: Callable[[str], None] = print) -> list[BonPoint]:
+def evaluate_best_of_n(
+    checkpoint: Path,
+    gold: str,
+    ns: list[int],
+    *,
+    proxy: str = RUN_PROXY,
+    samples: int | None = None,
+    max_prompts: int = 16,
+    log: Callable[[str], None] = print,
+) -> list[BonPoint]:
     from engine.backends.vllm.engine import VLLMEngine
 
     config = checkpoint_config(checkpoint)
@@ -64,13 +76,21 @@ def evaluate_best_of_n(checkpoint: Path, gold: str, ns: list[int], *, proxy: str
     prompts = [e.prompt for e in examples]
     args = [e.reward_func_args for e in examples]
     log(f"best-of-n: {len(examples)} prompts of {data_file}, {big_n} samples each")
-    engine = VLLMEngine(str(checkpoint), dtype=config.model.dtype,
-                        max_model_len=config.model.max_model_len,
-                        gpu_memory_utilization=config.model.gpu_memory_utilization,
-                        seed=config.data.seed)
+    engine = VLLMEngine(
+        str(checkpoint),
+        dtype=config.model.dtype,
+        max_model_len=config.model.max_model_len,
+        gpu_memory_utilization=config.model.gpu_memory_utilization,
+        seed=config.data.seed,
+    )
     try:
-        outputs = engine.generate(prompts, n=big_n, temperature=1.0,
-                                  max_tokens=config.sampling.max_tokens, seed=config.data.seed)
+        outputs = engine.generate(
+            prompts,
+            n=big_n,
+            temperature=1.0,
+            max_tokens=config.sampling.max_tokens,
+            seed=config.data.seed,
+        )
     finally:
         engine.shutdown()
     proxy_scores = source_for(proxy, config).score(outputs, prompts, args, "best-of-n").rewards
@@ -81,6 +101,10 @@ def evaluate_best_of_n(checkpoint: Path, gold: str, ns: list[int], *, proxy: str
 def write_points(points: list[BonPoint], path: Path) -> Path:
     """The reference's bon_sampled_results.json layout: [{n, proxy_score, gold_score}]."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps([{"n": p.n, "proxy_score": p.proxy_score,
-                                 "gold_score": p.gold_score} for p in points], indent=2))
+    path.write_text(
+        json.dumps(
+            [{"n": p.n, "proxy_score": p.proxy_score, "gold_score": p.gold_score} for p in points],
+            indent=2,
+        )
+    )
     return path

@@ -41,8 +41,23 @@ from engine.config.validation import flatten
 from engine.config.yaml_io import read_yaml
 
 __all__ = [
-    "METHODS", "AlignmentConfig", "ConfigError", "DataConfig", "EnsembleConfig", "EsConfig",
-    "EvalConfig", "FieldError", "FieldSpec", "LbesConfig", "LoggingConfig", "LoraConfig",
-    "ModelConfig", "RewardConfig", "RunConfig", "SamplingConfig", "config_fields", "flatten",
+    "METHODS",
+    "AlignmentConfig",
+    "ConfigError",
+    "DataConfig",
+    "EnsembleConfig",
+    "EsConfig",
+    "EvalConfig",
+    "FieldError",
+    "FieldSpec",
+    "LbesConfig",
+    "LoggingConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "RewardConfig",
+    "RunConfig",
+    "SamplingConfig",
+    "config_fields",
+    "flatten",
     "read_yaml",
 ]

@@ -22,8 +22,9 @@ class Invalid(Exception):
 
 def coerce(spec: FieldSpec, value: Any) -> Any:
     """The value converted to the option's type, strings parsed (CLI, forms, YAML)."""
-    if spec.nullable and (value is None or
-                          (isinstance(value, str) and value.strip().lower() in _NONE_WORDS)):
+    if spec.nullable and (
+        value is None or (isinstance(value, str) and value.strip().lower() in _NONE_WORDS)
+    ):
         return None
     if spec.type is bool:
         if isinstance(value, bool):
@@ -60,8 +61,9 @@ def check_type(spec: FieldSpec, value: Any) -> Any:
     else:  # bool is an int subclass, but True is no population size
         ok = isinstance(value, spec.type) and not isinstance(value, bool)
     if not ok:
-        raise Invalid(f"must be of type {spec.type.__name__}, got {show(value)} "
-                      f"({type(value).__name__})")
+        raise Invalid(
+            f"must be of type {spec.type.__name__}, got {show(value)} ({type(value).__name__})"
+        )
     return value
 
 

@@ -13,15 +13,29 @@ from typing import Any, get_type_hints
 METHODS = ("es", "lbes")
 
 
-def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
-           min_value: float | None = None, max_value: float | None = None,
-           exclusive_min: bool = False, required: bool = False,
-           method_defaults: Mapping[str, Any] | None = None,
-           methods: tuple[str, ...] = METHODS) -> Any:
+def option(
+    default: Any,
+    help: str,
+    *,
+    choices: tuple[str, ...] | None = None,
+    min_value: float | None = None,
+    max_value: float | None = None,
+    exclusive_min: bool = False,
+    required: bool = False,
+    method_defaults: Mapping[str, Any] | None = None,
+    methods: tuple[str, ...] = METHODS,
+) -> Any:
     """A dataclass field carrying what validation, the CLI and the form need to know."""
-    metadata = {"help": help, "choices": choices, "min": min_value, "max": max_value,
-                "exclusive_min": exclusive_min, "required": required,
-                "method_defaults": dict(method_defaults or {}), "methods": methods}
+    metadata = {
+        "help": help,
+        "choices": choices,
+        "min": min_value,
+        "max": max_value,
+        "exclusive_min": exclusive_min,
+        "required": required,
+        "method_defaults": dict(method_defaults or {}),
+        "methods": methods,
+    }
     return field(default=default, metadata=metadata)
 
 
@@ -54,8 +68,9 @@ class FieldSpec:
 
 def option_groups(root: type) -> dict[str, type]:
     """Group name -> dataclass: every field of `root` that is itself a dataclass, in order."""
-    return {name: hint for name, hint in get_type_hints(root).items()
-            if dataclasses.is_dataclass(hint)}
+    return {
+        name: hint for name, hint in get_type_hints(root).items() if dataclasses.is_dataclass(hint)
+    }
 
 
 def field_specs(root: type) -> dict[str, FieldSpec]:
@@ -66,8 +81,11 @@ def field_specs(root: type) -> dict[str, FieldSpec]:
     """
     groups = option_groups(root)
     root_hints = get_type_hints(root)
-    specs = {f.name: _spec(f, root_hints[f.name], "")
-             for f in dataclasses.fields(root) if f.name not in groups}
+    specs = {
+        f.name: _spec(f, root_hints[f.name], "")
+        for f in dataclasses.fields(root)
+        if f.name not in groups
+    }
     for group, cls in groups.items():
         hints = get_type_hints(cls)
         for f in dataclasses.fields(cls):
@@ -88,8 +106,18 @@ def _base_type(hint: Any) -> tuple[type, bool]:
 def _spec(f: dataclasses.Field, hint: Any, group: str) -> FieldSpec:
     base, optional = _base_type(hint)
     m = f.metadata
-    return FieldSpec(name=f.name, group=group, type=base, default=f.default, help=m["help"],
-                     choices=m["choices"], min=m["min"], max=m["max"],
-                     exclusive_min=m["exclusive_min"], required=m["required"],
-                     nullable=optional and not m["required"],
-                     method_defaults=m["method_defaults"], methods=m["methods"])
+    return FieldSpec(
+        name=f.name,
+        group=group,
+        type=base,
+        default=f.default,
+        help=m["help"],
+        choices=m["choices"],
+        min=m["min"],
+        max=m["max"],
+        exclusive_min=m["exclusive_min"],
+        required=m["required"],
+        nullable=optional and not m["required"],
+        method_defaults=m["method_defaults"],
+        methods=m["methods"],
+    )

@@ -31,9 +31,11 @@ RULES: list[Rule] = []
 
 def _rule(*fields: str) -> Callable[[Check], Check]:
     """Register the decorated check as a rule reading `fields`."""
+
     def register(check: Check) -> Check:
         RULES.append(Rule(fields, check))
         return check
+
     return register
 
 
@@ -41,21 +43,27 @@ def _rule(*fields: str) -> Callable[[Check], Check]:
 def _reward_path(v: dict[str, Any]) -> Iterator[FieldError]:
     if v["reward_func_path"] is None:
         if v["reward_source"] == "function":
-            yield FieldError("reward_func_path", "reward.reward_func_path is required: "
-                             f"{SPECS['reward_func_path'].help}")
+            yield FieldError(
+                "reward_func_path",
+                f"reward.reward_func_path is required: {SPECS['reward_func_path'].help}",
+            )
     elif not _DOTTED_PATH.match(v["reward_func_path"]):
-        yield FieldError("reward_func_path",
-                         f"reward.reward_func_path must be a dotted path module.function, got "
-                         f"{v['reward_func_path']!r}: e.g. engine.rewards.countdown.compute_score")
+        yield FieldError(
+            "reward_func_path",
+            f"reward.reward_func_path must be a dotted path module.function, got "
+            f"{v['reward_func_path']!r}: e.g. engine.rewards.countdown.compute_score",
+        )
 
 
 @_rule("antithetic", "population_size")
 def _antithetic_even(v: dict[str, Any]) -> Iterator[FieldError]:
     if v["antithetic"] and v["population_size"] % 2:
-        yield FieldError("population_size",
-                         f"es.population_size must be even when es.antithetic is true, got "
-                         f"{v['population_size']}: use {v['population_size'] + 1} or set "
-                         "antithetic false")
+        yield FieldError(
+            "population_size",
+            f"es.population_size must be even when es.antithetic is true, got "
+            f"{v['population_size']}: use {v['population_size'] + 1} or set "
+            "antithetic false",
+        )
 
 
 def _every_steps_rule(kind: str) -> None:
@@ -64,9 +72,11 @@ def _every_steps_rule(kind: str) -> None:
 
     def check(v: dict[str, Any]) -> Iterator[FieldError]:
         if v[strategy] == "steps" and v[steps] is None:
-            yield FieldError(steps,
-                             f"eval.{steps} must be >= 1 when {strategy} is 'steps', got None: "
-                             f"set {steps} or use {strategy} 'epoch' or 'no'")
+            yield FieldError(
+                steps,
+                f"eval.{steps} must be >= 1 when {strategy} is 'steps', got None: "
+                f"set {steps} or use {strategy} 'epoch' or 'no'",
+            )
 
     _rule(strategy, steps)(check)
 
@@ -78,10 +88,12 @@ _every_steps_rule("save")
 @_rule("eval_strategy", "eval_file")
 def _eval_file(v: dict[str, Any]) -> Iterator[FieldError]:
     if v["eval_strategy"] != "no" and v["eval_file"] is None:
-        yield FieldError("eval_file",
-                         f"data.eval_file is required when eval_strategy is "
-                         f"{v['eval_strategy']!r}, got None: give a parquet file or set "
-                         "eval_strategy 'no'")
+        yield FieldError(
+            "eval_file",
+            f"data.eval_file is required when eval_strategy is "
+            f"{v['eval_strategy']!r}, got None: give a parquet file or set "
+            "eval_strategy 'no'",
+        )
 
 
 _METHOD_SPECIFIC = tuple(s for s in SPECS.values() if s.methods != METHODS)
@@ -93,9 +105,12 @@ def _method_options(v: dict[str, Any]) -> Iterator[FieldError]:
     for spec in _METHOD_SPECIFIC:
         if v["method"] not in spec.methods and v[spec.name] != spec.default:
             only = " or ".join(repr(m) for m in spec.methods)
-            yield FieldError(spec.name, f"{spec.path} only applies to method {only}, got "
-                                        f"{show(v[spec.name])} with method {v['method']!r}: "
-                                        f"remove it or set method {spec.methods[0]}")
+            yield FieldError(
+                spec.name,
+                f"{spec.path} only applies to method {only}, got "
+                f"{show(v[spec.name])} with method {v['method']!r}: "
+                f"remove it or set method {spec.methods[0]}",
+            )
 
 
 @_rule("method", "flat_corrcoef", "n", "temperature")
@@ -103,38 +118,58 @@ def _per_prompt_correlation(v: dict[str, Any]) -> Iterator[FieldError]:
     if v["method"] != "lbes" or v["flat_corrcoef"]:
         return
     if v["n"] < 2:
-        yield FieldError("n", f"sampling.n must be >= 2 for lbes per-prompt correlation, got "
-                              f"{v['n']}: raise n or set flat_corrcoef true")
+        yield FieldError(
+            "n",
+            f"sampling.n must be >= 2 for lbes per-prompt correlation, got "
+            f"{v['n']}: raise n or set flat_corrcoef true",
+        )
     elif v["temperature"] == 0:
-        yield FieldError("temperature",
-                         "sampling.temperature must be > 0 for lbes per-prompt correlation, got "
-                         "0.0: greedy decoding makes a prompt's n samples identical, so every "
-                         "correlation is undefined; use e.g. 1.0 or set flat_corrcoef true")
+        yield FieldError(
+            "temperature",
+            "sampling.temperature must be > 0 for lbes per-prompt correlation, got "
+            "0.0: greedy decoding makes a prompt's n samples identical, so every "
+            "correlation is undefined; use e.g. 1.0 or set flat_corrcoef true",
+        )
 
 
 @_rule("method", "data_batch_size", "n")
 def _enough_samples(v: dict[str, Any]) -> Iterator[FieldError]:
     if v["method"] == "lbes" and v["data_batch_size"] * v["n"] < 2:
-        yield FieldError("data_batch_size",
-                         f"data.data_batch_size * sampling.n must be >= 2 for lbes, got "
-                         f"{v['data_batch_size']} * {v['n']}: a correlation needs two samples")
+        yield FieldError(
+            "data_batch_size",
+            f"data.data_batch_size * sampling.n must be >= 2 for lbes, got "
+            f"{v['data_batch_size']} * {v['n']}: a correlation needs two samples",
+        )
 
 
-@_rule("method", "n", "data_batch_size", "top_k_rewards", "bottom_k_rewards",
-       "top_k_prompt_reward_var", "flat_top_k_rewards", "flat_bottom_k_rewards")
+@_rule(
+    "method",
+    "n",
+    "data_batch_size",
+    "top_k_rewards",
+    "bottom_k_rewards",
+    "top_k_prompt_reward_var",
+    "flat_top_k_rewards",
+    "flat_bottom_k_rewards",
+)
 def _filter_sizes(v: dict[str, Any]) -> Iterator[FieldError]:
     # A k larger than what it selects from is a mistake the reference hides by clamping k.
     if v["method"] != "lbes":
         return
-    limits = {"top_k_rewards": ("sampling.n", v["n"]),
-              "bottom_k_rewards": ("sampling.n", v["n"]),
-              "top_k_prompt_reward_var": ("data.data_batch_size", v["data_batch_size"]),
-              "flat_top_k_rewards": ("data_batch_size * n", v["data_batch_size"] * v["n"]),
-              "flat_bottom_k_rewards": ("data_batch_size * n", v["data_batch_size"] * v["n"])}
+    limits = {
+        "top_k_rewards": ("sampling.n", v["n"]),
+        "bottom_k_rewards": ("sampling.n", v["n"]),
+        "top_k_prompt_reward_var": ("data.data_batch_size", v["data_batch_size"]),
+        "flat_top_k_rewards": ("data_batch_size * n", v["data_batch_size"] * v["n"]),
+        "flat_bottom_k_rewards": ("data_batch_size * n", v["data_batch_size"] * v["n"]),
+    }
     for name, (what, limit) in limits.items():
         if v[name] is not None and v[name] > limit:
-            yield FieldError(name, f"{SPECS[name].path} must be <= {what} ({limit}), got "
-                                   f"{v[name]}: lower it or raise {what}")
+            yield FieldError(
+                name,
+                f"{SPECS[name].path} must be <= {what} ({limit}), got "
+                f"{v[name]}: lower it or raise {what}",
+            )
 
 
 @_rule("method", "flat_corrcoef", "top_k_rewards", "bottom_k_rewards")
@@ -144,13 +179,22 @@ def _two_per_prompt(v: dict[str, Any]) -> Iterator[FieldError]:
         return
     if (top or 0) + (bottom or 0) < 2:
         name = "top_k_rewards" if top is not None else "bottom_k_rewards"
-        yield FieldError(name, f"lbes.{name} keeps 1 sample per prompt, but per-prompt "
-                               "correlation needs 2: set top_k_rewards + bottom_k_rewards >= 2 "
-                               "or flat_corrcoef true")
+        yield FieldError(
+            name,
+            f"lbes.{name} keeps 1 sample per prompt, but per-prompt "
+            "correlation needs 2: set top_k_rewards + bottom_k_rewards >= 2 "
+            "or flat_corrcoef true",
+        )
 
 
-_LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_target_modules", "lora_target_layers",
-                 "lora_noise_scaling", "lora_update")
+_LORA_OPTIONS = (
+    "lora_rank",
+    "lora_alpha",
+    "lora_target_modules",
+    "lora_target_layers",
+    "lora_noise_scaling",
+    "lora_update",
+)
 
 
 @_rule("method", "perturbation", *_LORA_OPTIONS)
@@ -160,14 +204,22 @@ def _lora_options(v: dict[str, Any]) -> Iterator[FieldError]:
     if v["perturbation"] == "full":
         for name in _LORA_OPTIONS:  # silently ignored otherwise
             if v[name] != SPECS[name].default:
-                yield FieldError(name, f"lora.{name} only applies to perturbation 'lora', got "
-                                       f"{show(v[name])}: remove it or set perturbation lora")
+                yield FieldError(
+                    name,
+                    f"lora.{name} only applies to perturbation 'lora', got "
+                    f"{show(v[name])}: remove it or set perturbation lora",
+                )
         return
     if v["method"] != "es":
-        yield FieldError("perturbation", f"lora.perturbation 'lora' needs method es, got "
-                                         f"{v['method']!r}: use perturbation full for lbes")
-    for name, parse in (("lora_target_modules", parse_modules),
-                        ("lora_target_layers", parse_layers)):
+        yield FieldError(
+            "perturbation",
+            f"lora.perturbation 'lora' needs method es, got "
+            f"{v['method']!r}: use perturbation full for lbes",
+        )
+    for name, parse in (
+        ("lora_target_modules", parse_modules),
+        ("lora_target_layers", parse_layers),
+    ):
         try:
             parse(v[name])
         except ValueError as exc:
@@ -181,41 +233,65 @@ def _lora_options(v: dict[str, Any]) -> Iterator[FieldError]:
 def _reward_sources(v: dict[str, Any]) -> Iterator[FieldError]:
     members = [m.strip() for m in (v["ensemble_members"] or "").split(",") if m.strip()]
     if v["reward_source"] == "scorer" and v["scorer_url"] is None:
-        yield FieldError("scorer_url", "alignment.scorer_url is required when reward_source "
-                                       "is 'scorer', got None: e.g. http://127.0.0.1:8000")
+        yield FieldError(
+            "scorer_url",
+            "alignment.scorer_url is required when reward_source "
+            "is 'scorer', got None: e.g. http://127.0.0.1:8000",
+        )
     if v["lambda_adapt"] and v["scorer_url"] is None:
-        yield FieldError("scorer_url", "alignment.scorer_url is required when lambda_adapt is "
-                                       "true: lambda adapts to the scorer's costs")
+        yield FieldError(
+            "scorer_url",
+            "alignment.scorer_url is required when lambda_adapt is "
+            "true: lambda adapts to the scorer's costs",
+        )
     if v["reward_source"] == "ensemble" and len(members) < 2:
-        yield FieldError("ensemble_members",
-                         f"ensemble.ensemble_members must name at least 2 members when "
-                         f"reward_source is 'ensemble', got {v['ensemble_members']!r}")
+        yield FieldError(
+            "ensemble_members",
+            f"ensemble.ensemble_members must name at least 2 members when "
+            f"reward_source is 'ensemble', got {v['ensemble_members']!r}",
+        )
     if "scorer" in members and v["scorer_url"] is None:
-        yield FieldError("ensemble_members", "ensemble.ensemble_members names `scorer` but "
-                                             "alignment.scorer_url is None")
+        yield FieldError(
+            "ensemble_members",
+            "ensemble.ensemble_members names `scorer` but alignment.scorer_url is None",
+        )
     for member in members:
-        if member != "scorer" and not member.startswith(("http://", "https://")) and \
-                not _DOTTED_PATH.match(member):
-            yield FieldError("ensemble_members",
-                             f"ensemble.ensemble_members: {member!r} is neither a dotted path, "
-                             "`scorer` nor an http(s) URL")
+        if (
+            member != "scorer"
+            and not member.startswith(("http://", "https://"))
+            and not _DOTTED_PATH.match(member)
+        ):
+            yield FieldError(
+                "ensemble_members",
+                f"ensemble.ensemble_members: {member!r} is neither a dotted path, "
+                "`scorer` nor an http(s) URL",
+            )
     if v["reward_source"] != "ensemble" and members:
-        yield FieldError("ensemble_members", "ensemble.ensemble_members is only read when "
-                                             "reward_source is 'ensemble': remove it or set "
-                                             "reward_source ensemble")
+        yield FieldError(
+            "ensemble_members",
+            "ensemble.ensemble_members is only read when "
+            "reward_source is 'ensemble': remove it or set "
+            "reward_source ensemble",
+        )
 
 
 @_rule("lambda_min", "lambda_max")
 def _lambda_range(v: dict[str, Any]) -> Iterator[FieldError]:
     if v["lambda_min"] > v["lambda_max"]:
-        yield FieldError("lambda_min", f"alignment.lambda_min must be <= lambda_max "
-                                       f"({v['lambda_max']:g}), got {v['lambda_min']:g}")
+        yield FieldError(
+            "lambda_min",
+            f"alignment.lambda_min must be <= lambda_max "
+            f"({v['lambda_max']:g}), got {v['lambda_min']:g}",
+        )
 
 
 @_rule("macro_advantage", "scorer_url")
 def _macro_with_cost(v: dict[str, Any]) -> Iterator[FieldError]:
     # macro_advantage shapes per-sample rewards and would ignore the cost term entirely.
     if v["macro_advantage"] and v["scorer_url"] is not None:
-        yield FieldError("macro_advantage", "es.macro_advantage cannot be combined with "
-                                            "alignment.scorer_url: it shapes rewards per sample "
-                                            "and would ignore lambda * cost; set it false")
+        yield FieldError(
+            "macro_advantage",
+            "es.macro_advantage cannot be combined with "
+            "alignment.scorer_url: it shapes rewards per sample "
+            "and would ignore lambda * cost; set it false",
+        )

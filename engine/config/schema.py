@@ -32,31 +32,48 @@ class ModelConfig:
     model: str = option(
         "data/models/smollm2-135m-instruct",
         "Model to fine-tune: a local Hugging Face folder or a hub name. The default is the "
-        "small model fetched at setup (`eslab model`), so runs work offline on the CPU.")
+        "small model fetched at setup (`eslab model`), so runs work offline on the CPU.",
+    )
     dtype: str = option(
-        "bfloat16", "Weight dtype of the engines. Updates accumulate in an fp32 master copy "
-        "whatever this is.", choices=DTYPES)
+        "bfloat16",
+        "Weight dtype of the engines. Updates accumulate in an fp32 master copy whatever this is.",
+        choices=DTYPES,
+    )
     max_model_len: int | None = option(
-        None, "Longest prompt + completion in tokens; None takes the model's own limit. "
-        "Lower it to shrink the KV cache.", min_value=1)
+        None,
+        "Longest prompt + completion in tokens; None takes the model's own limit. "
+        "Lower it to shrink the KV cache.",
+        min_value=1,
+    )
     tensor_parallel_size: int = option(
-        1, "GPUs per engine (tensor parallelism); each rank perturbs its own shard.",
-        min_value=1)
+        1, "GPUs per engine (tensor parallelism); each rank perturbs its own shard.", min_value=1
+    )
     num_engines: int = option(
-        1, "vLLM engines (one Ray actor each) that evaluate population members in parallel; "
-        "they never exchange weights, each replays the same update.", min_value=1)
+        1,
+        "vLLM engines (one Ray actor each) that evaluate population members in parallel; "
+        "they never exchange weights, each replays the same update.",
+        min_value=1,
+    )
     engines_per_gpu: int = option(
-        1, "Engines that share one GPU (each a process with its own copy of the weights), so "
-        "several members generate at once; they split its memory.", min_value=1)
+        1,
+        "Engines that share one GPU (each a process with its own copy of the weights), so "
+        "several members generate at once; they split its memory.",
+        min_value=1,
+    )
     gpu_memory_utilization: float | None = option(
-        None, "Share of memory for weights and KV cache; None means 0.9 on a GPU and 0.3 on "
+        None,
+        "Share of memory for weights and KV cache; None means 0.9 on a GPU and 0.3 on "
         "the CPU, where it is the share of RAM given to the KV cache.",
-        min_value=0.0, exclusive_min=True, max_value=1.0)
+        min_value=0.0,
+        exclusive_min=True,
+        max_value=1.0,
+    )
     max_num_seqs: int | None = option(
-        None, "Most sequences an engine decodes at once; None takes vLLM's default.",
-        min_value=1)
+        None, "Most sequences an engine decodes at once; None takes vLLM's default.", min_value=1
+    )
     enforce_eager: bool = option(
-        False, "Disable CUDA graphs / compilation: slower decoding, faster start-up.")
+        False, "Disable CUDA graphs / compilation: slower decoding, faster start-up."
+    )
 
 
 @dataclass(frozen=True)
@@ -64,13 +81,19 @@ class SamplingConfig:
     """How completions are sampled."""
 
     n: int = option(
-        1, "Completions per prompt. LBES correlates rewards with log-likelihoods within a "
-        "prompt, so it needs several (default 8 for lbes).", min_value=1,
-        method_defaults={"lbes": 8})
+        1,
+        "Completions per prompt. LBES correlates rewards with log-likelihoods within a "
+        "prompt, so it needs several (default 8 for lbes).",
+        min_value=1,
+        method_defaults={"lbes": 8},
+    )
     temperature: float = option(
-        0.0, "Sampling temperature; 0 is greedy (the ES references). LBES samples at 1.0 "
-        "by default so that a prompt's n completions differ.", min_value=0.0,
-        method_defaults={"lbes": 1.0})
+        0.0,
+        "Sampling temperature; 0 is greedy (the ES references). LBES samples at 1.0 "
+        "by default so that a prompt's n completions differ.",
+        min_value=0.0,
+        method_defaults={"lbes": 1.0},
+    )
     max_tokens: int = option(2048, "Most tokens generated per completion.", min_value=1)
 
 
@@ -79,47 +102,79 @@ class EsConfig:
     """The evolution strategy: population, noise, step size and their schedules."""
 
     population_size: int = option(
-        32, "Perturbed models per step (N). More members lower the variance of the update "
-        "and cost proportionally more generation.", min_value=2)
+        32,
+        "Perturbed models per step (N). More members lower the variance of the update "
+        "and cost proportionally more generation.",
+        min_value=2,
+    )
     noise_std: float = option(
-        1e-3, "Std of the Gaussian perturbation (sigma) at step 0.", min_value=0.0,
-        exclusive_min=True)
+        1e-3,
+        "Std of the Gaussian perturbation (sigma) at step 0.",
+        min_value=0.0,
+        exclusive_min=True,
+    )
     noise_std_scheduler_type: str = option(
-        "constant", "How noise_std changes over training.", choices=SCHEDULE_TYPES)
+        "constant", "How noise_std changes over training.", choices=SCHEDULE_TYPES
+    )
     noise_std_final: float = option(
-        0.0, "noise_std at the last step (linear, cosine, polynomial schedules).",
-        min_value=0.0)
+        0.0, "noise_std at the last step (linear, cosine, polynomial schedules).", min_value=0.0
+    )
     noise_std_scheduler_rate: float = option(
-        0.95, "Per-step factor of the exponential noise_std schedule.", min_value=0.0,
-        exclusive_min=True, max_value=1.0)
+        0.95,
+        "Per-step factor of the exponential noise_std schedule.",
+        min_value=0.0,
+        exclusive_min=True,
+        max_value=1.0,
+    )
     noise_std_scheduler_power: float = option(
-        1.0, "Power of the polynomial noise_std schedule (1 is linear).", min_value=0.0,
-        exclusive_min=True)
+        1.0,
+        "Power of the polynomial noise_std schedule (1 is linear).",
+        min_value=0.0,
+        exclusive_min=True,
+    )
     learning_rate: float = option(
-        5e-7, "Step size in theta += lr / (N * sigma) * sum A_i eps_i. The references' 5e-7 "
+        5e-7,
+        "Step size in theta += lr / (N * sigma) * sum A_i eps_i. The references' 5e-7 "
         "suits 1B+ models; small models need far larger values (around 4e-5 for the "
         "default model) to show learning in minutes. 0 leaves the weights unchanged.",
-        min_value=0.0)
+        min_value=0.0,
+    )
     lr_scheduler_type: str = option(
-        "constant", "How learning_rate changes over training.", choices=SCHEDULE_TYPES)
+        "constant", "How learning_rate changes over training.", choices=SCHEDULE_TYPES
+    )
     lr_final: float = option(
-        0.0, "learning_rate at the last step (linear, cosine, polynomial schedules).",
-        min_value=0.0)
+        0.0, "learning_rate at the last step (linear, cosine, polynomial schedules).", min_value=0.0
+    )
     lr_scheduler_rate: float = option(
-        0.95, "Per-step factor of the exponential learning_rate schedule.", min_value=0.0,
-        exclusive_min=True, max_value=1.0)
+        0.95,
+        "Per-step factor of the exponential learning_rate schedule.",
+        min_value=0.0,
+        exclusive_min=True,
+        max_value=1.0,
+    )
     lr_scheduler_power: float = option(
-        1.0, "Power of the polynomial learning_rate schedule (1 is linear).", min_value=0.0,
-        exclusive_min=True)
+        1.0,
+        "Power of the polynomial learning_rate schedule (1 is linear).",
+        min_value=0.0,
+        exclusive_min=True,
+    )
     fitness_shaping: str = option(
-        "zscore", "Fitness -> advantage: zscore (the references) or centered_rank "
-        "(OpenAI-ES, robust to outliers).", choices=SHAPER_NAMES)
+        "zscore",
+        "Fitness -> advantage: zscore (the references) or centered_rank "
+        "(OpenAI-ES, robust to outliers).",
+        choices=SHAPER_NAMES,
+    )
     antithetic: bool = option(
-        False, "Mirrored sampling: members come in +eps/-eps pairs sharing a seed, which "
-        "lowers the variance of the update; needs an even population_size.")
+        False,
+        "Mirrored sampling: members come in +eps/-eps pairs sharing a seed, which "
+        "lowers the variance of the update; needs an even population_size.",
+    )
     macro_advantage: bool = option(
-        False, "ES only: shape each (prompt, sample) reward across the population and "
-        "average, instead of shaping each member's mean reward.", methods=("es",))
+        False,
+        "ES only: shape each (prompt, sample) reward across the population and "
+        "average, instead of shaping each member's mean reward.",
+        methods=("es",),
+    )
 
 
 @dataclass(frozen=True)
@@ -127,20 +182,24 @@ class DataConfig:
     """Training data, run length, seed and where results go."""
 
     train_file: str | None = option(
-        None, "Parquet file of training prompts (columns prompt, reward_func_args).",
-        required=True)
+        None, "Parquet file of training prompts (columns prompt, reward_func_args).", required=True
+    )
     eval_file: str | None = option(
-        None, "Parquet file of evaluation prompts; needed when eval_strategy is not 'no'.")
+        None, "Parquet file of evaluation prompts; needed when eval_strategy is not 'no'."
+    )
     data_batch_size: int = option(
-        64, "Prompts per step; every member generates for the whole batch.", min_value=1)
+        64, "Prompts per step; every member generates for the whole batch.", min_value=1
+    )
     num_train_epochs: int = option(3, "Passes over the training data.", min_value=1)
     max_steps: int | None = option(
-        None, "Stop after this many steps; when set it overrides num_train_epochs.",
-        min_value=1)
+        None, "Stop after this many steps; when set it overrides num_train_epochs.", min_value=1
+    )
     seed: int = option(
-        42, "Run seed: data order, member seeds and tie-breaks derive from it.", min_value=0)
+        42, "Run seed: data order, member seeds and tie-breaks derive from it.", min_value=0
+    )
     output_dir: str | None = option(
-        None, "Folder for checkpoints (checkpoint-STEP/) and the final model.", required=True)
+        None, "Folder for checkpoints (checkpoint-STEP/) and the final model.", required=True
+    )
 
 
 @dataclass(frozen=True)
@@ -148,9 +207,11 @@ class RewardConfig:
     """The reward function."""
 
     reward_func_path: str | None = option(
-        None, "Dotted path of compute_score(completion_text, **reward_func_args) -> dict, "
+        None,
+        "Dotted path of compute_score(completion_text, **reward_func_args) -> dict, "
         "e.g. engine.rewards.countdown.compute_score. Required unless reward_source is "
-        "scorer or ensemble.")
+        "scorer or ensemble.",
+    )
 
 
 _LBES = ("lbes",)
@@ -161,24 +222,39 @@ class LbesConfig:
     """LBES only: which base samples enter the correlation, and how it is computed."""
 
     top_k_prompt_reward_var: int | None = option(
-        None, "Keep only the k prompts whose rewards vary most over their n samples.",
-        min_value=1, methods=_LBES)
+        None,
+        "Keep only the k prompts whose rewards vary most over their n samples.",
+        min_value=1,
+        methods=_LBES,
+    )
     top_k_rewards: int | None = option(
-        None, "Per prompt, keep the k best samples (together with bottom_k_rewards).",
-        min_value=1, methods=_LBES)
+        None,
+        "Per prompt, keep the k best samples (together with bottom_k_rewards).",
+        min_value=1,
+        methods=_LBES,
+    )
     bottom_k_rewards: int | None = option(
-        None, "Per prompt, keep the k worst samples (together with top_k_rewards).",
-        min_value=1, methods=_LBES)
+        None,
+        "Per prompt, keep the k worst samples (together with top_k_rewards).",
+        min_value=1,
+        methods=_LBES,
+    )
     exclude_same_rewards_samples: bool = option(
-        False, "Drop prompts whose kept samples all have the same reward (no signal).",
-        methods=_LBES)
+        False,
+        "Drop prompts whose kept samples all have the same reward (no signal).",
+        methods=_LBES,
+    )
     flat_top_k_rewards: int | None = option(
-        None, "Keep the k best samples over the whole batch.", min_value=1, methods=_LBES)
+        None, "Keep the k best samples over the whole batch.", min_value=1, methods=_LBES
+    )
     flat_bottom_k_rewards: int | None = option(
-        None, "Keep the k worst samples over the whole batch.", min_value=1, methods=_LBES)
+        None, "Keep the k worst samples over the whole batch.", min_value=1, methods=_LBES
+    )
     flat_corrcoef: bool = option(
-        False, "Correlate over all kept samples at once instead of per prompt (per prompt "
-        "needs n >= 2).", methods=_LBES)
+        False,
+        "Correlate over all kept samples at once instead of per prompt (per prompt needs n >= 2).",
+        methods=_LBES,
+    )
 
 
 REWARD_SOURCES = ("function", "scorer", "ensemble")
@@ -195,55 +271,77 @@ class AlignmentConfig:
     # as a comment.
 
     reward_source: str = option(
-        "function", "Where the reward R comes from: reward_func_path, the scorer service's "
-        "reward model, or an ensemble (ensemble_members).", choices=REWARD_SOURCES)
+        "function",
+        "Where the reward R comes from: reward_func_path, the scorer service's "
+        "reward model, or an ensemble (ensemble_members).",
+        choices=REWARD_SOURCES,
+    )
     scorer_url: str | None = option(
-        None, "Scorer service (`eslab scorer serve`), e.g. http://127.0.0.1:8000. When set, "
-        "its cost model gives C and fitness is mean(R) - lambda * mean(C).", methods=_ES)
+        None,
+        "Scorer service (`eslab scorer serve`), e.g. http://127.0.0.1:8000. When set, "
+        "its cost model gives C and fitness is mean(R) - lambda * mean(C).",
+        methods=_ES,
+    )
     lambda_cost: float = option(
-        0.5, "lambda at step 0 (the weight of the cost).", min_value=0.0, methods=_ES)
+        0.5, "lambda at step 0 (the weight of the cost).", min_value=0.0, methods=_ES
+    )
     lambda_adapt: bool = option(
-        False, "Adapt lambda after every step from the unperturbed model's costs: "
+        False,
+        "Adapt lambda after every step from the unperturbed model's costs: "
         "ln(lambda) += lambda_lr * J, J a moving average of mean(C) - cost_threshold_d.",
-        methods=_ES)
+        methods=_ES,
+    )
     lambda_lr: float = option(0.01, "Step size of ln(lambda).", min_value=0.0, methods=_ES)
     lambda_min: float = option(1e-4, "Lower clip of lambda.", min_value=0.0, methods=_ES)
     lambda_max: float = option(10.0, "Upper clip of lambda.", min_value=0.0, methods=_ES)
     cost_threshold_d: float = option(
-        0.0, "Safety threshold d of the constraint mean(C) <= d.", methods=_ES)
+        0.0, "Safety threshold d of the constraint mean(C) <= d.", methods=_ES
+    )
     lambda_pos_cost_only: bool = option(
-        False, "Use the positive part of J_C, so lambda never falls.", methods=_ES)
+        False, "Use the positive part of J_C, so lambda never falls.", methods=_ES
+    )
     jc_ema_beta: float = option(
-        0.9, "Moving-average factor of J_C: J <- beta * J + (1 - beta) * J_C.",
-        min_value=0.0, max_value=1.0, methods=_ES)
+        0.9,
+        "Moving-average factor of J_C: J <- beta * J + (1 - beta) * J_C.",
+        min_value=0.0,
+        max_value=1.0,
+        methods=_ES,
+    )
     standardize_within_batch: bool = option(
-        False, "Divide mean(R) and mean(C) by their batch std (no centering).", methods=_ES)
+        False, "Divide mean(R) and mean(C) by their batch std (no centering).", methods=_ES
+    )
     safe_first: bool = option(
-        False, "Multiply the reward of unsafe answers (C > 0) by safe_first_factor.",
-        methods=_ES)
+        False, "Multiply the reward of unsafe answers (C > 0) by safe_first_factor.", methods=_ES
+    )
     safe_first_factor: float = option(
-        0.0, "Reward multiplier of unsafe answers with safe_first (0 is a hard gate).",
-        methods=_ES)
+        0.0, "Reward multiplier of unsafe answers with safe_first (0 is a hard gate).", methods=_ES
+    )
     scorer_batch_size: int = option(16, "Pairs per scorer request.", min_value=1)
     scorer_timeout_s: float = option(
-        60.0, "Seconds a scorer request may take before it is retried, then fails the run.",
-        min_value=0.0, exclusive_min=True)
+        60.0,
+        "Seconds a scorer request may take before it is retried, then fails the run.",
+        min_value=0.0,
+        exclusive_min=True,
+    )
     scorer_retries: int = option(
-        2, "Further attempts after a scorer timeout, refusal of connection or 5xx.",
-        min_value=0)
+        2, "Further attempts after a scorer timeout, refusal of connection or 5xx.", min_value=0
+    )
 
 
 @dataclass(frozen=True)
 class EnsembleConfig:
     """Reward ensembles (reward_source: ensemble), as in Coste et al. 2023."""
 
-
     ensemble_members: str | None = option(
-        None, "Comma-separated members: reward function dotted paths, `scorer` (the "
-        "scorer_url reward model) or other scorer URLs (their reward models).")
+        None,
+        "Comma-separated members: reward function dotted paths, `scorer` (the "
+        "scorer_url reward model) or other scorer URLs (their reward models).",
+    )
     ensemble_method: str = option(
-        "mean", "mean, min (worst case) or uwo (mean - uwo_weight * variance).",
-        choices=ENSEMBLE_METHODS)
+        "mean",
+        "mean, min (worst case) or uwo (mean - uwo_weight * variance).",
+        choices=ENSEMBLE_METHODS,
+    )
     uwo_weight: float = option(0.1, "Variance weight of uwo.", min_value=0.0)
 
 
@@ -252,19 +350,28 @@ class EvalConfig:
     """When to evaluate and when to save checkpoints."""
 
     eval_strategy: str = option(
-        "no", "Evaluate greedily on eval_file every eval_steps steps, every epoch, or never.",
-        choices=STRATEGIES)
+        "no",
+        "Evaluate greedily on eval_file every eval_steps steps, every epoch, or never.",
+        choices=STRATEGIES,
+    )
     eval_steps: int | None = option(
-        None, "Steps between evaluations when eval_strategy is 'steps'.", min_value=1)
+        None, "Steps between evaluations when eval_strategy is 'steps'.", min_value=1
+    )
     eval_before_train: bool = option(
-        True, "Also evaluate the untrained model, as a baseline (when evaluation is on).")
+        True, "Also evaluate the untrained model, as a baseline (when evaluation is on)."
+    )
     save_strategy: str = option(
-        "no", "Save a checkpoint every save_steps steps, every epoch, or never (the final "
-        "model is always saved).", choices=STRATEGIES)
+        "no",
+        "Save a checkpoint every save_steps steps, every epoch, or never (the final "
+        "model is always saved).",
+        choices=STRATEGIES,
+    )
     save_steps: int | None = option(
-        None, "Steps between checkpoints when save_strategy is 'steps'.", min_value=1)
+        None, "Steps between checkpoints when save_strategy is 'steps'.", min_value=1
+    )
     save_total_limit: int = option(
-        3, "Checkpoints kept on disk; the oldest are removed.", min_value=1)
+        3, "Checkpoints kept on disk; the oldest are removed.", min_value=1
+    )
 
 
 @dataclass(frozen=True)
@@ -283,28 +390,44 @@ class LoraConfig:
     """Perturbation mode: full-rank noise on every weight, or low-rank LoRA members."""
 
     perturbation: str = option(
-        "full", "full: every weight gets seeded Gaussian noise, one member at a time. lora: "
+        "full",
+        "full: every weight gets seeded Gaussian noise, one member at a time. lora: "
         "each member is a seeded rank-r adapter (EGGROLL) and the whole population is "
         "evaluated in one batched engine call (vLLM multi-LoRA); ES method only.",
-        choices=("full", "lora"))
+        choices=("full", "lora"),
+    )
     lora_rank: int = option(
-        4, "Rank r of each member's perturbation (and of the trained adapter).", min_value=1,
-        max_value=256)
+        4,
+        "Rank r of each member's perturbation (and of the trained adapter).",
+        min_value=1,
+        max_value=256,
+    )
     lora_alpha: float = option(
-        8.0, "LoRA alpha of saved adapters (delta = alpha / r * B A, the PEFT convention); the "
-        "perturbation size is set by noise_std.", min_value=0.0, exclusive_min=True)
+        8.0,
+        "LoRA alpha of saved adapters (delta = alpha / r * B A, the PEFT convention); the "
+        "perturbation size is set by noise_std.",
+        min_value=0.0,
+        exclusive_min=True,
+    )
     lora_target_modules: str = option(
-        _LORA_DEFAULT_MODULES, "Comma-separated linear modules that members perturb.")
+        _LORA_DEFAULT_MODULES, "Comma-separated linear modules that members perturb."
+    )
     lora_target_layers: str | None = option(
-        None, "Layers that members perturb, e.g. 0-9 or 0,2,4; None means every layer.")
+        None, "Layers that members perturb, e.g. 0-9 or 0,2,4; None means every layer."
+    )
     lora_noise_scaling: str = option(
-        "layer", "layer: a layer's noise std is noise_std * mean |W| of its target weights "
+        "layer",
+        "layer: a layer's noise std is noise_std * mean |W| of its target weights "
         "(the LoRA reference; noise_std around 0.1 then); none: noise_std itself.",
-        choices=("layer", "none"))
+        choices=("layer", "none"),
+    )
     lora_update: str = option(
-        "merge", "merge: the ES update (fp32) is merged into the base weights every step. "
+        "merge",
+        "merge: the ES update (fp32) is merged into the base weights every step. "
         "adapter: base weights stay frozen and the update is kept as one rank-r adapter, "
-        "saved in the PEFT format.", choices=("merge", "adapter"))
+        "saved in the PEFT format.",
+        choices=("merge", "adapter"),
+    )
 
 
 @dataclass(frozen=True)
@@ -312,9 +435,12 @@ class RunConfig:
     """A complete, validated run configuration (validation runs on construction)."""
 
     method: str = option(
-        "es", "es: fitness = mean reward of each perturbed model. lbes: fitness = "
+        "es",
+        "es: fitness = mean reward of each perturbed model. lbes: fitness = "
         "correlation between the base model's rewards and each perturbed model's "
-        "likelihood of those samples.", choices=METHODS)
+        "likelihood of those samples.",
+        choices=METHODS,
+    )
     model: ModelConfig = field(default_factory=ModelConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     es: EsConfig = field(default_factory=EsConfig)
@@ -375,8 +501,11 @@ class RunConfig:
         for pair in pairs:
             key, sep, value = pair.partition("=")
             if not sep:
-                errors.append(FieldError(pair, f"override {pair!r} must look like "
-                                               "option=value, e.g. noise_std=1e-3"))
+                errors.append(
+                    FieldError(
+                        pair, f"override {pair!r} must look like option=value, e.g. noise_std=1e-3"
+                    )
+                )
                 continue
             parsed[key.strip()] = value.strip()
         overrides, flatten_errors = flatten(parsed)
@@ -397,8 +526,10 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """`{"method": ..., group: {option: value}}`; from_flat reads it back."""
-        return {"method": self.method,
-                **{group: dataclasses.asdict(getattr(self, group)) for group in GROUPS}}
+        return {
+            "method": self.method,
+            **{group: dataclasses.asdict(getattr(self, group)) for group in GROUPS},
+        }
 
     def to_yaml(self) -> str:
         """Flat `option: value` YAML, one commented block per group."""

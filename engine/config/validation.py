@@ -26,8 +26,13 @@ def flatten(mapping: Mapping[str, Any]) -> tuple[dict[str, Any], list[FieldError
         if spec is None:
             errors.append(_unknown(f"{group}.{name}" if group else name))
         elif group is not None and spec.group != group:
-            errors.append(FieldError(name, f"{group}.{name} is not an option of group "
-                                           f"{group!r}: write {spec.path} or just {name}"))
+            errors.append(
+                FieldError(
+                    name,
+                    f"{group}.{name} is not an option of group "
+                    f"{group!r}: write {spec.path} or just {name}",
+                )
+            )
         elif name in flat:
             errors.append(FieldError(name, f"{spec.path} is given twice: keep one"))
         else:
@@ -43,8 +48,11 @@ def flatten(mapping: Mapping[str, Any]) -> tuple[dict[str, Any], list[FieldError
             group, name = key.split(".", 1)
             put(group, name, value)
         elif key in GROUPS and key not in SPECS:
-            errors.append(FieldError(key, f"{key!r} is a group: give it a mapping of its "
-                                          f"options, got {show(value)}"))
+            errors.append(
+                FieldError(
+                    key, f"{key!r} is a group: give it a mapping of its options, got {show(value)}"
+                )
+            )
         else:
             put(None, key, value)
     return flat, errors
@@ -82,8 +90,10 @@ def problems(given: dict[str, Any], coerce_text: bool) -> list[FieldError]:
 
 def build(values: dict[str, Any]) -> RunConfig:
     """A RunConfig from complete, typed flat values."""
-    groups = {group: cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
-              for group, cls in GROUPS.items()}
+    groups = {
+        group: cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+        for group, cls in GROUPS.items()
+    }
     return RunConfig(method=values["method"], **groups)
 
 

@@ -35,7 +35,8 @@ _Yaml12Loader.yaml_implicit_resolvers = {
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _Yaml12Loader.add_implicit_resolver(
-    _BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+    _BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 
 
 def read_yaml(text: str | bytes, source: str) -> dict[str, Any]:
@@ -55,8 +56,10 @@ def read_yaml(text: str | bytes, source: str) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise _error(f"{source} must hold a mapping of option: value pairs, "
-                     f"got a {type(data).__name__}", source)
+        raise _error(
+            f"{source} must hold a mapping of option: value pairs, got a {type(data).__name__}",
+            source,
+        )
     return data
 
 
@@ -79,8 +82,9 @@ def write_yaml(config: RunConfig) -> str:
     for name, group in parts.items():
         if dataclasses.is_dataclass(group):
             title = (type(group).__doc__ or "").strip()
-            blocks.append(f"# {name}: {title}\n"
-                          + yaml.safe_dump(dataclasses.asdict(group), sort_keys=False))
+            blocks.append(
+                f"# {name}: {title}\n" + yaml.safe_dump(dataclasses.asdict(group), sort_keys=False)
+            )
     return "\n".join(blocks)
 
 

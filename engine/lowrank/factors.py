@@ -90,8 +90,11 @@ def parse_layers(text: str | None) -> tuple[int, ...] | None:
     return tuple(sorted(layers))
 
 
-def find_targets(specs: Mapping[str, tuple[tuple[int, ...], str]], modules: Sequence[str],
-                 layers: Sequence[int] | None) -> list[LoraTarget]:
+def find_targets(
+    specs: Mapping[str, tuple[tuple[int, ...], str]],
+    modules: Sequence[str],
+    layers: Sequence[int] | None,
+) -> list[LoraTarget]:
     """The target layers of a checkpoint (`specs`: name -> (shape, dtype), as read by
     hf_export.source_tensor_specs), sorted by name; unknown modules or layers are errors."""
     found: dict[str, LoraTarget] = {}
@@ -109,16 +112,20 @@ def find_targets(specs: Mapping[str, tuple[tuple[int, ...], str]], modules: Sequ
             found[name] = LoraTarget(name, layer, module, int(shape[1]), int(shape[0]))
     missing = sorted(set(modules) - present_modules)
     if missing:
-        raise ValueError(f"lora_target_modules {missing} are not linear modules of this model; "
-                         f"it has {sorted(present_modules)}")
+        raise ValueError(
+            f"lora_target_modules {missing} are not linear modules of this model; "
+            f"it has {sorted(present_modules)}"
+        )
     if layers is not None and (bad := sorted(set(layers) - present_layers)):
-        raise ValueError(f"lora_target_layers {bad} do not exist: the model has layers "
-                         f"0-{max(present_layers)}")
+        raise ValueError(
+            f"lora_target_layers {bad} do not exist: the model has layers 0-{max(present_layers)}"
+        )
     return [found[name] for name in sorted(found)]
 
 
-def layer_scales(weights: Mapping[str, torch.Tensor], targets: Sequence[LoraTarget],
-                 scaling: str) -> dict[int, float]:
+def layer_scales(
+    weights: Mapping[str, torch.Tensor], targets: Sequence[LoraTarget], scaling: str
+) -> dict[int, float]:
     """m_l per target layer: mean |W| over the layer's target weights, or 1 for `none`."""
     if scaling not in NOISE_SCALINGS:
         raise ValueError(f"lora_noise_scaling must be one of {NOISE_SCALINGS}, got {scaling!r}")
@@ -142,16 +149,18 @@ def member_factors(seed: int, target: LoraTarget, rank: int) -> tuple[torch.Tens
     return a, b
 
 
-def unit_factors(seed: int, target: LoraTarget, rank: int, layer_scale: float
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def unit_factors(
+    seed: int, target: LoraTarget, rank: int, layer_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Factors (A, B') with B' A = m_l * B A / sqrt(r): member `seed`'s delta on `target` at
     scale 1. The members of a seed (an antithetic pair) serve (A, scale * B')."""
     a, b = member_factors(seed, target, rank)
     return a, b * (layer_scale / math.sqrt(rank))
 
 
-def perturbation(seed: int, scale: float, target: LoraTarget, rank: int,
-                 layer_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def perturbation(
+    seed: int, scale: float, target: LoraTarget, rank: int, layer_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Factors (A, B') with B' A = scale * m_l * B A / sqrt(r): the member's delta on
     `target` (scale = sign * sigma); the sign and all scalars go on B."""
     a, b = unit_factors(seed, target, rank, layer_scale)
@@ -162,15 +171,18 @@ Factors = dict[str, tuple["torch.Tensor", "torch.Tensor"]]
 """(A, B) by target name."""
 
 
-def seed_factors(seed: int, targets: Sequence[LoraTarget], rank: int,
-                 scales: Mapping[int, float]) -> Factors:
+def seed_factors(
+    seed: int, targets: Sequence[LoraTarget], rank: int, scales: Mapping[int, float]
+) -> Factors:
     """unit_factors of seed `seed` on every target."""
     return {t.name: unit_factors(seed, t, rank, scales[t.layer]) for t in targets}
 
 
-def member_stack(units: Sequence[tuple[torch.Tensor, torch.Tensor]], scales: Sequence[float],
-                 trained: tuple[torch.Tensor, torch.Tensor] | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def member_stack(
+    units: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    scales: Sequence[float],
+    trained: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Members' factors on one target, stacked ([M, r, in], [M, out, r]): member m serves its
     seed's unit factors (seed_factors) with B times its scale (sign * sigma); with `trained`
     (adapter mode: the trained adapter's factors) those go in front, so each member serves
@@ -187,9 +199,11 @@ def member_stack(units: Sequence[tuple[torch.Tensor, torch.Tensor]], scales: Seq
     return a, b
 
 
-def low_rank_sum(factors: Sequence[tuple[torch.Tensor, torch.Tensor]],
-                 coefficients: Sequence[float], device: str | torch.device = "cpu"
-                 ) -> torch.Tensor:
+def low_rank_sum(
+    factors: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    coefficients: Sequence[float],
+    device: str | torch.device = "cpu",
+) -> torch.Tensor:
     """sum_i c_i B_i A_i as a dense fp32 [out, in] matrix, one matmul on `device` (on a GPU,
     a 1B model's 32 members are ~256 GFLOP: seconds on the CPU)."""
     import torch
@@ -203,9 +217,14 @@ def low_rank_sum(factors: Sequence[tuple[torch.Tensor, torch.Tensor]],
     return b @ a
 
 
-def dense_update(seeds: Sequence[int], coefficients: Sequence[float], target: LoraTarget,
-                 rank: int, layer_scale: float, device: str | torch.device = "cpu"
-                 ) -> torch.Tensor:
+def dense_update(
+    seeds: Sequence[int],
+    coefficients: Sequence[float],
+    target: LoraTarget,
+    rank: int,
+    layer_scale: float,
+    device: str | torch.device = "cpu",
+) -> torch.Tensor:
     """m_l / sqrt(r) * sum_i c_i B_i A_i as a dense fp32 [out, in] matrix on `device`; the
     factors always come from the CPU generator."""
     import torch
@@ -214,15 +233,17 @@ def dense_update(seeds: Sequence[int], coefficients: Sequence[float], target: Lo
         raise ValueError(f"{len(seeds)} seeds but {len(coefficients)} coefficients")
     if not seeds:
         return torch.zeros(target.out_features, target.in_features, device=device)
-    return low_rank_sum([unit_factors(int(s), target, rank, layer_scale) for s in seeds],
-                        coefficients, device)
+    return low_rank_sum(
+        [unit_factors(int(s), target, rank, layer_scale) for s in seeds], coefficients, device
+    )
 
 
 # ---------------------------------------------------------------------------- adapters on disk
 
 
-def adapter_tensors(factors: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-                    scaling: float) -> dict[str, torch.Tensor]:
+def adapter_tensors(
+    factors: Mapping[str, tuple[torch.Tensor, torch.Tensor]], scaling: float
+) -> dict[str, torch.Tensor]:
     """PEFT tensor names -> tensors for effective factors (A, B) with delta = B A; B is
     divided by the adapter's scaling (lora_alpha / r), which PEFT and vLLM multiply back."""
     tensors = {}
@@ -232,9 +253,15 @@ def adapter_tensors(factors: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
     return tensors
 
 
-def write_adapter(folder: str | Path, factors: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-                  *, rank: int, alpha: float, base_model: str,
-                  dtype: torch.dtype | None = None) -> Path:
+def write_adapter(
+    folder: str | Path,
+    factors: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+    *,
+    rank: int,
+    alpha: float,
+    base_model: str,
+    dtype: torch.dtype | None = None,
+) -> Path:
     """A PEFT LoRA folder (adapter_config.json + adapter_model.safetensors) whose delta on each
     named module is B A; transformers + PEFT and vLLM both load it."""
     from safetensors.torch import save_file
@@ -246,10 +273,20 @@ def write_adapter(folder: str | Path, factors: Mapping[str, tuple[torch.Tensor, 
         tensors = {k: v.to(dtype) for k, v in tensors.items()}
     modules = sorted({name.rpartition(".")[2] for name in factors})
     config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
-        "r": rank, "lora_alpha": alpha, "target_modules": modules, "lora_dropout": 0.0,
-        "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
-        "modules_to_save": None, "init_lora_weights": True, "inference_mode": True,
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": rank,
+        "lora_alpha": alpha,
+        "target_modules": modules,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "init_lora_weights": True,
+        "inference_mode": True,
         "layers_to_transform": sorted({int(n.split(".")[2]) for n in factors}),
     }
     (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
@@ -274,11 +311,14 @@ class TrainedAdapter:
 
         self.targets = list(targets)
         self.rank = rank
-        self.factors = {t.name: (torch.zeros(rank, t.in_features),
-                                 torch.zeros(t.out_features, rank)) for t in self.targets}
+        self.factors = {
+            t.name: (torch.zeros(rank, t.in_features), torch.zeros(t.out_features, rank))
+            for t in self.targets
+        }
 
-    def add(self, seeds: Sequence[int], coefficients: Sequence[float],
-            scales: Mapping[int, float]) -> None:
+    def add(
+        self, seeds: Sequence[int], coefficients: Sequence[float], scales: Mapping[int, float]
+    ) -> None:
         """delta := best rank-r approximation of (delta + dense_update(seeds, coefficients))."""
         import torch
 
@@ -291,13 +331,15 @@ class TrainedAdapter:
             step = scales[t.layer] / math.sqrt(self.rank)
             a = torch.cat([a0, *[p[0] for p in pairs]])  # [K, in]
             b = torch.cat([b0, *[p[1] for p in pairs]], dim=1)  # [out, K]
-            b[:, self.rank:] *= weights * step
+            b[:, self.rank :] *= weights * step
             q_b, r_b = torch.linalg.qr(b)  # b = q_b r_b, q_b [out, K]
             q_a, r_a = torch.linalg.qr(a.T)  # a = r_a^T q_a^T, q_a [in, K]
             u, s, vh = torch.linalg.svd(r_b @ r_a.T)  # [K, K] core
             root = s[: self.rank].sqrt()
-            self.factors[t.name] = ((root[:, None] * vh[: self.rank]) @ q_a.T,
-                                    (q_b @ u[:, : self.rank]) * root)
+            self.factors[t.name] = (
+                (root[:, None] * vh[: self.rank]) @ q_a.T,
+                (q_b @ u[:, : self.rank]) * root,
+            )
 
     def delta(self, name: str) -> torch.Tensor:
         a, b = self.factors[name]
@@ -305,8 +347,9 @@ class TrainedAdapter:
 
     def state(self) -> dict[str, torch.Tensor]:
         """Flat tensors for a checkpoint (load_state reads them back)."""
-        return {f"{n}.{k}": t for n, (a, b) in self.factors.items()
-                for k, t in (("A", a), ("B", b))}
+        return {
+            f"{n}.{k}": t for n, (a, b) in self.factors.items() for k, t in (("A", a), ("B", b))
+        }
 
     def load_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
         for name in self.factors:

@@ -63,14 +63,18 @@ class LoraPopulation:
         self.rank, self.alpha, self.mode = lora.lora_rank, lora.lora_alpha, lora.lora_update
         specs = source_tensor_specs(model_dir)
         if not specs:
-            raise ValueError(f"model: no safetensors weights in {model_dir} (lora mode reads "
-                             "the shapes and scales of its target layers there)")
+            raise ValueError(
+                f"model: no safetensors weights in {model_dir} (lora mode reads "
+                "the shapes and scales of its target layers there)"
+            )
         self.targets: list[LoraTarget] = find_targets(
-            specs, parse_modules(lora.lora_target_modules),
-            parse_layers(lora.lora_target_layers))
+            specs, parse_modules(lora.lora_target_modules), parse_layers(lora.lora_target_layers)
+        )
         if not self.targets:
-            raise ValueError(f"no LoRA target in {model_dir} for lora_target_modules "
-                             f"{lora.lora_target_modules!r}, layers {lora.lora_target_layers!r}")
+            raise ValueError(
+                f"no LoRA target in {model_dir} for lora_target_modules "
+                f"{lora.lora_target_modules!r}, layers {lora.lora_target_layers!r}"
+            )
         wanted = {f"{t.name}.weight" for t in self.targets}
         weights = {}
         for file in sorted(Path(model_dir).glob("*.safetensors")):
@@ -82,26 +86,41 @@ class LoraPopulation:
 
     # ---- one step ---------------------------------------------------------------------------
 
-    def evaluate(self, pool: EnginePool, members: Sequence[Member], noise_std: float,
-                 task: GenerateAndScore, step: int) -> list[ScoredBatch]:
+    def evaluate(
+        self,
+        pool: EnginePool,
+        members: Sequence[Member],
+        noise_std: float,
+        task: GenerateAndScore,
+        step: int,
+    ) -> list[ScoredBatch]:
         """All members' completions in one engine call, scored per member, in member order.
         `pool.last_stats` gets the time of writing the members' slots as the perturb phase."""
         start = time.perf_counter()
         slots = [m.index for m in members for _ in task.prompts]
-        pool.set_lora_members({m.index: (m.seed, m.sign * noise_std) for m in members}, slots,
-                              self._member_spec(step))
+        pool.set_lora_members(
+            {m.index: (m.seed, m.sign * noise_std) for m in members}, slots, self._member_spec(step)
+        )
         written = time.perf_counter()
         s = task.sampling
-        outputs = pool.generate(task.prompts * len(members), n=s.n, temperature=s.temperature,
-                                max_tokens=s.max_tokens, seed=s.seed, adapters=slots)
+        outputs = pool.generate(
+            task.prompts * len(members),
+            n=s.n,
+            temperature=s.temperature,
+            max_tokens=s.max_tokens,
+            seed=s.seed,
+            adapters=slots,
+        )
         generated = time.perf_counter()
         per_member = len(task.prompts)
         results = []
         for i in range(len(members)):
             score_start = time.perf_counter()
-            batch = task.score(outputs[i * per_member:(i + 1) * per_member])
-            batch.timings = {"generation": (generated - written) / len(members),
-                             "reward": time.perf_counter() - score_start}
+            batch = task.score(outputs[i * per_member : (i + 1) * per_member])
+            batch.timings = {
+                "generation": (generated - written) / len(members),
+                "reward": time.perf_counter() - score_start,
+            }
             results.append(batch)
         pool.last_stats = {"perturb_s": written - start, "restore_s": 0.0}
         return results
@@ -126,8 +145,7 @@ class LoraPopulation:
             spec["trained"] = str(path)
         return spec
 
-    def update(self, pool: EnginePool, seeds: Sequence[int],
-               coefficients: Sequence[float]) -> None:
+    def update(self, pool: EnginePool, seeds: Sequence[int], coefficients: Sequence[float]) -> None:
         """Merge into every engine's fp32 master, or fold into the trained adapter."""
         if self.trained is not None:
             self.trained.add(seeds, coefficients, self.scales)
@@ -135,8 +153,9 @@ class LoraPopulation:
         from engine.backends.vllm.lora_slots import lora_update_spec
 
         spec = lora_update_spec(self.targets, self.rank, self.scales)
-        pool.broadcast("lora_update", spec, [int(s) for s in seeds],
-                       [float(c) for c in coefficients])
+        pool.broadcast(
+            "lora_update", spec, [int(s) for s in seeds], [float(c) for c in coefficients]
+        )
         pool.verify_in_sync()
 
     # ---- saving -----------------------------------------------------------------------------
@@ -147,8 +166,13 @@ class LoraPopulation:
             return None
         from safetensors.torch import save_file
 
-        path = write_adapter(Path(folder) / ADAPTER_DIR, self.trained.factors, rank=self.rank,
-                             alpha=self.alpha, base_model=self.model_dir)
+        path = write_adapter(
+            Path(folder) / ADAPTER_DIR,
+            self.trained.factors,
+            rank=self.rank,
+            alpha=self.alpha,
+            base_model=self.model_dir,
+        )
         # The PEFT file stores B / (alpha / r); the exact fp32 factors go beside it for resume.
         save_file(self.trained.state(), str(path / FACTORS_FILE))
         return path

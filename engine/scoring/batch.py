@@ -34,16 +34,24 @@ class ScoredBatch:
         return float(self.rewards.mean())
 
 
-def score_batch(outputs: list[list[Completion]], reward_func_args: list[dict[str, Any]],
-                reward_func_path: str, description: str) -> ScoredBatch:
+def score_batch(
+    outputs: list[list[Completion]],
+    reward_func_args: list[dict[str, Any]],
+    reward_func_path: str,
+    description: str,
+) -> ScoredBatch:
     func = load_reward_function(reward_func_path)
     num_prompts, n = len(outputs), len(outputs[0]) if outputs else 0
     rewards = np.zeros((num_prompts, n))
     parts: dict[str, np.ndarray] = {}
     for b, (completions, args) in enumerate(zip(outputs, reward_func_args, strict=True)):
         for j, completion in enumerate(completions):
-            scores = score_completion(func, completion.text, args,
-                                      sample_description=f"{description}, prompt {b} sample {j}")
+            scores = score_completion(
+                func,
+                completion.text,
+                args,
+                sample_description=f"{description}, prompt {b} sample {j}",
+            )
             rewards[b, j] = scores.pop("reward")
             for name, value in scores.items():
                 parts.setdefault(name, np.full((num_prompts, n), np.nan))[b, j] = value

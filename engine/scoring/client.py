@@ -48,8 +48,10 @@ class ScorerClient:
             response.raise_for_status()
             return response.json()
         except (httpx.HTTPError, ValueError) as exc:
-            raise ScorerError(f"scorer {self.base} is not healthy: {_describe(exc)}; start it "
-                              "with `eslab scorer serve` or fix scorer_url") from exc
+            raise ScorerError(
+                f"scorer {self.base} is not healthy: {_describe(exc)}; start it "
+                "with `eslab scorer serve` or fix scorer_url"
+            ) from exc
 
     def score(self, prompts: list[str], responses: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(rewards, costs), one each per pair, in batches of `batch_size`."""
@@ -58,63 +60,73 @@ class ScorerClient:
         rewards: list[float] = []
         costs: list[float] = []
         for start in range(0, len(prompts), self.batch_size):
-            r, c = self._score_with_retries(prompts[start:start + self.batch_size],
-                                            responses[start:start + self.batch_size])
+            r, c = self._score_with_retries(
+                prompts[start : start + self.batch_size], responses[start : start + self.batch_size]
+            )
             rewards += r
             costs += c
         return np.array(rewards, dtype=np.float64), np.array(costs, dtype=np.float64)
 
-    def _score_with_retries(self, prompts: list[str],
-                            responses: list[str]) -> tuple[list[float], list[float]]:
+    def _score_with_retries(
+        self, prompts: list[str], responses: list[str]
+    ) -> tuple[list[float], list[float]]:
         for attempt in range(self.retries + 1):
             try:
                 return self._score_once(prompts, responses)
             except _Transient as exc:
                 if attempt == self.retries:
-                    raise ScorerError(f"scorer {self.base} failed {attempt + 1} time(s): "
-                                      f"{exc}") from None
+                    raise ScorerError(
+                        f"scorer {self.base} failed {attempt + 1} time(s): {exc}"
+                    ) from None
                 time.sleep(RETRY_PAUSE_S * (attempt + 1))
         raise AssertionError("unreachable")
 
-    def _score_once(self, prompts: list[str],
-                    responses: list[str]) -> tuple[list[float], list[float]]:
+    def _score_once(
+        self, prompts: list[str], responses: list[str]
+    ) -> tuple[list[float], list[float]]:
         import httpx
 
         url = f"{self.base}/score_batch"
         try:
-            response = httpx.post(url, json={"prompts": prompts, "responses": responses},
-                                  timeout=self.timeout_s)
+            response = httpx.post(
+                url, json={"prompts": prompts, "responses": responses}, timeout=self.timeout_s
+            )
         except httpx.TimeoutException as exc:
-            raise _Transient(f"no answer within the {self.timeout_s:g} s timeout "
-                             f"({type(exc).__name__})") from exc
+            raise _Transient(
+                f"no answer within the {self.timeout_s:g} s timeout ({type(exc).__name__})"
+            ) from exc
         except httpx.HTTPError as exc:
             raise _Transient(_describe(exc)) from exc
         if response.status_code >= 500:
             raise _Transient(f"HTTP {response.status_code}: {response.text[:200]}")
         if response.status_code != 200:
-            raise ScorerError(f"scorer {url} refused the batch: HTTP {response.status_code}: "
-                              f"{response.text[:200]}")
+            raise ScorerError(
+                f"scorer {url} refused the batch: HTTP {response.status_code}: "
+                f"{response.text[:200]}"
+            )
         try:
             body = response.json()
         except ValueError:
-            raise ScorerError(f"scorer {url} answered with malformed JSON: "
-                              f"{response.text[:200]!r}") from None
-        return (self._floats(body, "rewards", len(prompts), url),
-                self._floats(body, "costs", len(prompts), url))
+            raise ScorerError(
+                f"scorer {url} answered with malformed JSON: {response.text[:200]!r}"
+            ) from None
+        return (
+            self._floats(body, "rewards", len(prompts), url),
+            self._floats(body, "costs", len(prompts), url),
+        )
 
     @staticmethod
     def _floats(body: object, key: str, expected: int, url: str) -> list[float]:
         values = body.get(key) if isinstance(body, dict) else None
         if not isinstance(values, list):
-            raise ScorerError(f"scorer {url} answered without a list {key!r}: "
-                              f"{str(body)[:200]}")
+            raise ScorerError(f"scorer {url} answered without a list {key!r}: {str(body)[:200]}")
         if len(values) != expected:
-            raise ScorerError(f"scorer {url} answered {len(values)} {key} for {expected} "
-                              "responses")
+            raise ScorerError(f"scorer {url} answered {len(values)} {key} for {expected} responses")
         for v in values:
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-                raise ScorerError(f"scorer {url} answered {key} value {v!r}, which is not a "
-                                  "finite number")
+                raise ScorerError(
+                    f"scorer {url} answered {key} value {v!r}, which is not a finite number"
+                )
         return [float(v) for v in values]
 
 

@@ -33,21 +33,25 @@ def _min(s: np.ndarray, weight: float, ddof: int) -> np.ndarray:
 
 def _uwo(s: np.ndarray, weight: float, ddof: int) -> np.ndarray:
     if s.shape[0] <= ddof:
-        raise ValueError(f"uwo with ddof {ddof} needs more than {ddof} ensemble members, "
-                         f"got {s.shape[0]}")
+        raise ValueError(
+            f"uwo with ddof {ddof} needs more than {ddof} ensemble members, got {s.shape[0]}"
+        )
     return s.mean(axis=0) - weight * s.var(axis=0, ddof=ddof)
 
 
 _COMBINERS: dict[str, Callable[[np.ndarray, float, int], np.ndarray]] = {
-    "mean": _mean, "min": _min, "uwo": _uwo}
+    "mean": _mean,
+    "min": _min,
+    "uwo": _uwo,
+}
 
 
-def combine(scores: np.ndarray, method: str, uwo_weight: float = 0.1,
-            ddof: int = TRAINING_DDOF) -> np.ndarray:
+def combine(
+    scores: np.ndarray, method: str, uwo_weight: float = 0.1, ddof: int = TRAINING_DDOF
+) -> np.ndarray:
     """Combine `scores` [k, ...] (members first) into one score per sample [...]."""
     if method not in _COMBINERS:
-        raise ValueError(f"unknown ensemble method {method!r}: choose one of "
-                         f"{', '.join(METHODS)}")
+        raise ValueError(f"unknown ensemble method {method!r}: choose one of {', '.join(METHODS)}")
     s = np.asarray(scores, dtype=np.float64)
     if s.ndim == 0 or s.shape[0] == 0:
         raise ValueError("an ensemble needs at least one member's scores")

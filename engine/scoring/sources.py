@@ -57,25 +57,39 @@ class RewardSources:
         if a.reward_source == "function" and a.scorer_url is None:
             return None
         members = tuple(m.strip() for m in (e.ensemble_members or "").split(",") if m.strip())
-        return cls(reward_source=a.reward_source, reward_func_path=config.reward.reward_func_path,
-                   scorer_url=a.scorer_url, members=members, ensemble_method=e.ensemble_method,
-                   uwo_weight=e.uwo_weight, scorer_batch_size=a.scorer_batch_size,
-                   scorer_timeout_s=a.scorer_timeout_s, scorer_retries=a.scorer_retries)
+        return cls(
+            reward_source=a.reward_source,
+            reward_func_path=config.reward.reward_func_path,
+            scorer_url=a.scorer_url,
+            members=members,
+            ensemble_method=e.ensemble_method,
+            uwo_weight=e.uwo_weight,
+            scorer_batch_size=a.scorer_batch_size,
+            scorer_timeout_s=a.scorer_timeout_s,
+            scorer_retries=a.scorer_retries,
+        )
 
     def client(self, url: str) -> ScorerClient:
         """A client for `url` with the run's batch size, timeout and retries."""
-        return ScorerClient(url, self.scorer_batch_size, self.scorer_timeout_s,
-                            self.scorer_retries)
+        return ScorerClient(url, self.scorer_batch_size, self.scorer_timeout_s, self.scorer_retries)
 
     def member_names(self) -> list[str]:
         names = [member_name(m) for m in self.members]
         return [n if names.count(n) == 1 else f"{n}{i}" for i, n in enumerate(names)]
 
-    def score(self, outputs: list[list[Completion]], prompts: list[list[dict[str, str]]],
-              reward_func_args: list[dict[str, Any]], description: str) -> ScoredBatch:
+    def score(
+        self,
+        outputs: list[list[Completion]],
+        prompts: list[list[dict[str, str]]],
+        reward_func_args: list[dict[str, Any]],
+        description: str,
+    ) -> ScoredBatch:
         shape = (len(outputs), len(outputs[0]) if outputs else 0)
-        pairs = [(_context(prompt), c.text) for prompt, cs in zip(prompts, outputs, strict=True)
-                 for c in cs]
+        pairs = [
+            (_context(prompt), c.text)
+            for prompt, cs in zip(prompts, outputs, strict=True)
+            for c in cs
+        ]
         context, texts = [p for p, _ in pairs], [t for _, t in pairs]
         scorer_rewards = costs = None
         if self.scorer_url is not None:
@@ -102,14 +116,18 @@ class RewardSources:
                     values = by_function(member).rewards
                 parts[f"member/{name}"] = values
                 scores.append(values)
-            rewards = combine(np.stack(scores), self.ensemble_method, self.uwo_weight,
-                              ddof=TRAINING_DDOF)
+            rewards = combine(
+                np.stack(scores), self.ensemble_method, self.uwo_weight, ddof=TRAINING_DDOF
+            )
         if costs is not None:
             parts[COST] = costs.reshape(shape)
         return ScoredBatch(
-            texts=[[c.text for c in cs] for cs in outputs], rewards=rewards, parts=parts,
+            texts=[[c.text for c in cs] for cs in outputs],
+            rewards=rewards,
+            parts=parts,
             num_tokens=np.array([[c.num_tokens for c in cs] for cs in outputs], dtype=np.int64),
-            clipped=np.array([[not c.finished for c in cs] for cs in outputs], dtype=bool))
+            clipped=np.array([[not c.finished for c in cs] for cs in outputs], dtype=bool),
+        )
 
 
 def _context(prompt: list[dict[str, str]]) -> str:

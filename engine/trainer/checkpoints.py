@@ -40,8 +40,14 @@ class Checkpoints:
     """One run's saves, each told to the sink. It remembers the last step saved, so that a
     stop right after a regular save does not save the same step again."""
 
-    def __init__(self, config: RunConfig, pool: EnginePool, output_dir: Path,
-                 lora: LoraPopulation | None, sink: Sink) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        pool: EnginePool,
+        output_dir: Path,
+        lora: LoraPopulation | None,
+        sink: Sink,
+    ) -> None:
         self.config, self.pool, self.output_dir = config, pool, output_dir
         self.lora, self.sink = lora, sink
         self.saved = -1
@@ -60,8 +66,9 @@ class Checkpoints:
     def save_for_resume(self, state: TrainerState) -> None:
         """A stop's checkpoint, unless the save strategy just saved this step."""
         if self.saved != state.global_step:
-            path = save_checkpoint(self.config, self.pool, state, self.output_dir, self.lora,
-                                   for_resume_only=True)
+            path = save_checkpoint(
+                self.config, self.pool, state, self.output_dir, self.lora, for_resume_only=True
+            )
             self.sink.log_checkpoint(state.global_step, str(path))
 
     def save_final(self) -> Path:
@@ -73,9 +80,15 @@ class Checkpoints:
         return self.output_dir
 
 
-def save_checkpoint(config: RunConfig, pool: EnginePool, state: TrainerState,
-                    output_dir: Path, lora: LoraPopulation | None = None, *,
-                    for_resume_only: bool = False) -> Path:
+def save_checkpoint(
+    config: RunConfig,
+    pool: EnginePool,
+    state: TrainerState,
+    output_dir: Path,
+    lora: LoraPopulation | None = None,
+    *,
+    for_resume_only: bool = False,
+) -> Path:
     """checkpoint-STEP/ in output_dir; only save_total_limit are kept.
 
     A stop (cancel) checkpoint is `for_resume_only`: master and state, no Hugging Face
@@ -89,11 +102,12 @@ def save_checkpoint(config: RunConfig, pool: EnginePool, state: TrainerState,
     pool.save_master(str(partial / MASTER_DIR))
     if lora is not None:
         lora.save(partial)  # adapter mode: the trained adapter
-    (partial / STATE_FILE).write_text(json.dumps({**asdict(state),
-                                                  "config": config.to_flat()}, indent=2))
+    (partial / STATE_FILE).write_text(
+        json.dumps({**asdict(state), "config": config.to_flat()}, indent=2)
+    )
     shutil.rmtree(path, ignore_errors=True)
     partial.rename(path)  # a checkpoint folder is complete or absent, never half-written
-    for old in list_checkpoints(output_dir)[:-config.eval.save_total_limit]:
+    for old in list_checkpoints(output_dir)[: -config.eval.save_total_limit]:
         shutil.rmtree(old)
     return path
 
@@ -103,8 +117,9 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
 
-def load_checkpoint(path: Path, pool: EnginePool,
-                    lora: LoraPopulation | None = None) -> TrainerState:
+def load_checkpoint(
+    path: Path, pool: EnginePool, lora: LoraPopulation | None = None
+) -> TrainerState:
     state_file = path / STATE_FILE
     if not state_file.is_file():
         raise FileNotFoundError(f"{path} is not a checkpoint: {STATE_FILE} is missing")
@@ -112,5 +127,9 @@ def load_checkpoint(path: Path, pool: EnginePool,
     pool.load_master(str(path / MASTER_DIR))
     if lora is not None:
         lora.load(path)
-    return TrainerState(global_step=data["global_step"], epoch=data["epoch"],
-                        batch=data["batch"], alignment=data.get("alignment"))
+    return TrainerState(
+        global_step=data["global_step"],
+        epoch=data["epoch"],
+        batch=data["batch"],
+        alignment=data.get("alignment"),
+    )

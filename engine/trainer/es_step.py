@@ -37,18 +37,24 @@ from engine.trainer.reporting import (
 )
 
 
-def es_step(config: RunConfig, pool: EnginePool, examples: list[Example], step: int,
-            noise_std: float, learning_rate: float,
-            stop: Callable[[], bool] | None = None,
-            lora: LoraPopulation | None = None,
-            aligner: Aligner | None = None) -> StepReport:
+def es_step(
+    config: RunConfig,
+    pool: EnginePool,
+    examples: list[Example],
+    step: int,
+    noise_std: float,
+    learning_rate: float,
+    stop: Callable[[], bool] | None = None,
+    lora: LoraPopulation | None = None,
+    aligner: Aligner | None = None,
+) -> StepReport:
     """One ES step; with `lora` the members are low-rank adapters evaluated in one call."""
-    members = population(config.data.seed, step, config.es.population_size,
-                         config.es.antithetic)
+    members = population(config.data.seed, step, config.es.population_size, config.es.antithetic)
     task = generate_task(config, examples, step, description=f"step {step + 1}")
     if lora is None:
         results: list[ScoredBatch] = pool.evaluate(
-            [(m.seed, m.sign * noise_std) for m in members], task, stop=stop)
+            [(m.seed, m.sign * noise_std) for m in members], task, stop=stop
+        )
     else:
         if stop is not None and stop():
             raise EvaluationStopped("stopped before the population was evaluated")
@@ -60,12 +66,12 @@ def es_step(config: RunConfig, pool: EnginePool, examples: list[Example], step: 
     if aligner is not None:
         # The unperturbed model on the same prompts, before the update (as the reference).
         base = task(pool)
-        alignment_metrics = {**aligner.adapt(base),
-                             **aligner.population_metrics(results, fitness)}
+        alignment_metrics = {**aligner.adapt(base), **aligner.population_metrics(results, fitness)}
         base_samples = sample_records(mk.TRAIN, examples, base, member=None)
     if config.es.macro_advantage:
-        shaped = macro_shape_fitness(config.es.fitness_shaping,
-                                     np.stack([r.rewards for r in results]))
+        shaped = macro_shape_fitness(
+            config.es.fitness_shaping, np.stack([r.rewards for r in results])
+        )
     else:
         shaped = shape_fitness(config.es.fitness_shaping, fitness)
     update_seconds = apply_update(pool, members, shaped, learning_rate, noise_std, lora)
@@ -82,34 +88,48 @@ def es_step(config: RunConfig, pool: EnginePool, examples: list[Example], step: 
         mk.time_key("update"): update_seconds,
     }
     best, worst = int(np.argmax(fitness)), int(np.argmin(fitness))
-    samples = [s for i in dict.fromkeys((best, worst))
-               for s in sample_records(mk.TRAIN, examples, results[i], member=i)] + base_samples
+    samples = [
+        s
+        for i in dict.fromkeys((best, worst))
+        for s in sample_records(mk.TRAIN, examples, results[i], member=i)
+    ] + base_samples
     records = population_records(members, fitness, shaped)
     if aligner is not None:
         records = aligner.with_scores(records, results)
     return StepReport(step=step + 1, metrics=metrics, population=records, samples=samples)
 
 
-def generate_task(config: RunConfig, examples: list[Example], step: int, *,
-                  description: str) -> GenerateAndScore:
+def generate_task(
+    config: RunConfig, examples: list[Example], step: int, *, description: str
+) -> GenerateAndScore:
     # Every member samples with the same seed: common random numbers, so fitness differences
     # come from the perturbation and not from the sampling noise.
-    sampling = SamplingSpec(n=config.sampling.n, temperature=config.sampling.temperature,
-                            max_tokens=config.sampling.max_tokens,
-                            seed=derive_seed(config.data.seed, step, "sampling"))
-    return GenerateAndScore(prompts=[e.prompt for e in examples],
-                            reward_func_args=[e.reward_func_args for e in examples],
-                            reward_func_path=config.reward.reward_func_path,
-                            sampling=sampling, description=description,
-                            sources=RewardSources.from_config(config))
+    sampling = SamplingSpec(
+        n=config.sampling.n,
+        temperature=config.sampling.temperature,
+        max_tokens=config.sampling.max_tokens,
+        seed=derive_seed(config.data.seed, step, "sampling"),
+    )
+    return GenerateAndScore(
+        prompts=[e.prompt for e in examples],
+        reward_func_args=[e.reward_func_args for e in examples],
+        reward_func_path=config.reward.reward_func_path,
+        sampling=sampling,
+        description=description,
+        sources=RewardSources.from_config(config),
+    )
 
 
-def apply_update(pool: EnginePool, members: list[Member], shaped: np.ndarray,
-                 learning_rate: float, noise_std: float,
-                 lora: LoraPopulation | None = None) -> float:
+def apply_update(
+    pool: EnginePool,
+    members: list[Member],
+    shaped: np.ndarray,
+    learning_rate: float,
+    noise_std: float,
+    lora: LoraPopulation | None = None,
+) -> float:
     start = time.perf_counter()
-    coefficients = update_coefficients(shaped, [m.sign for m in members], learning_rate,
-                                       noise_std)
+    coefficients = update_coefficients(shaped, [m.sign for m in members], learning_rate, noise_std)
     terms = update_terms(members, coefficients)
     if lora is None:
         pool.update([seed for seed, _ in terms], [c for _, c in terms])

@@ -14,22 +14,26 @@ from engine.tasks import GenerateAndScore, SamplingSpec
 from engine.trainer.reporting import completion_metrics, part_means, reward_stats, sample_records
 
 
-def evaluate(config: RunConfig, pool: EnginePool, eval_set: list[Example],
-             step: int) -> StepReport:
+def evaluate(config: RunConfig, pool: EnginePool, eval_set: list[Example], step: int) -> StepReport:
     """Greedy, one completion per prompt, the unperturbed model, the whole eval set."""
     start = time.perf_counter()
     task = GenerateAndScore(
         prompts=[e.prompt for e in eval_set],
         reward_func_args=[e.reward_func_args for e in eval_set],
         reward_func_path=config.reward.reward_func_path,
-        sampling=SamplingSpec(n=1, temperature=0.0, max_tokens=config.sampling.max_tokens,
-                              seed=config.data.seed),
-        description=f"evaluation at step {step}", sources=RewardSources.from_config(config))
+        sampling=SamplingSpec(
+            n=1, temperature=0.0, max_tokens=config.sampling.max_tokens, seed=config.data.seed
+        ),
+        description=f"evaluation at step {step}",
+        sources=RewardSources.from_config(config),
+    )
     result = task(pool)
-    metrics = {**reward_stats(mk.EVAL, "reward", result.rewards.reshape(-1)),
-               **part_means(mk.EVAL, [result]),
-               **completion_metrics(mk.EVAL, [result]),
-               mk.EVAL_RUNTIME: time.perf_counter() - start}
-    return StepReport(step=step, metrics=metrics,
-                      samples=sample_records(mk.EVAL, eval_set, result, member=None))
-
+    metrics = {
+        **reward_stats(mk.EVAL, "reward", result.rewards.reshape(-1)),
+        **part_means(mk.EVAL, [result]),
+        **completion_metrics(mk.EVAL, [result]),
+        mk.EVAL_RUNTIME: time.perf_counter() - start,
+    }
+    return StepReport(
+        step=step, metrics=metrics, samples=sample_records(mk.EVAL, eval_set, result, member=None)
+    )

@@ -29,32 +29,38 @@ from engine.trainer.reporting import (
 )
 
 
-def lbes_step(config: RunConfig, pool: EnginePool, examples: list[Example], step: int,
-              noise_std: float, learning_rate: float,
-              stop: Callable[[], bool] | None = None) -> StepReport | None:
+def lbes_step(
+    config: RunConfig,
+    pool: EnginePool,
+    examples: list[Example],
+    step: int,
+    noise_std: float,
+    learning_rate: float,
+    stop: Callable[[], bool] | None = None,
+) -> StepReport | None:
     """None when no sample survives the filters: the step is skipped."""
     base_start = time.perf_counter()
-    base = generate_task(config, examples, step, description=f"step {step + 1} (base model)")(
-        pool)
+    base = generate_task(config, examples, step, description=f"step {step + 1} (base model)")(pool)
     base_seconds = time.perf_counter() - base_start
     kept = filter_rewards(base.rewards, config.lbes, reference_tiebreak(config.data.seed, step))
     if kept.is_empty:
         return None
 
-    members = population(config.data.seed, step, config.es.population_size,
-                         config.es.antithetic)
+    members = population(config.data.seed, step, config.es.population_size, config.es.antithetic)
     rows = np.argwhere(kept.kept)  # [K, 2]: (prompt, sample) of every kept sample
-    task = CompletionLogprobs(prompts=[examples[b].prompt for b, _ in rows],
-                              completions=[base.texts[b][j] for b, j in rows])
+    task = CompletionLogprobs(
+        prompts=[examples[b].prompt for b, _ in rows],
+        completions=[base.texts[b][j] for b, j in rows],
+    )
     logprob_start = time.perf_counter()
-    per_member = pool.evaluate([(m.seed, m.sign * noise_std) for m in members], task,
-                               stop=stop)
+    per_member = pool.evaluate([(m.seed, m.sign * noise_std) for m in members], task, stop=stop)
     logprob_seconds = time.perf_counter() - logprob_start
     logliks = np.full((len(members), *base.rewards.shape), np.nan)  # [N, B, n]
     for i, values in enumerate(per_member):
         logliks[i, rows[:, 0], rows[:, 1]] = values
-    correlations = member_correlations(base.rewards, logliks, kept.kept,
-                                       flat=config.lbes.flat_corrcoef)
+    correlations = member_correlations(
+        base.rewards, logliks, kept.kept, flat=config.lbes.flat_corrcoef
+    )
     shaped = shape_fitness(config.es.fitness_shaping, correlations)
     update_seconds = apply_update(pool, members, shaped, learning_rate, noise_std)
 
@@ -68,8 +74,9 @@ def lbes_step(config: RunConfig, pool: EnginePool, examples: list[Example], step
         mk.FRAC_REWARD_ZERO_STD: float(np.mean(prompt_std == 0)),
         mk.RETAINED_PROMPT_RATIO: kept.retained_prompt_ratio,
         mk.RETAINED_REWARD_RATIO: kept.retained_reward_ratio,
-        mk.CORRELATION_MEAN: float(np.nanmean(correlations)) if np.isfinite(
-            correlations).any() else float("nan"),
+        mk.CORRELATION_MEAN: float(np.nanmean(correlations))
+        if np.isfinite(correlations).any()
+        else float("nan"),
         mk.time_key("generation"): base_seconds,
         mk.time_key("reward"): base.timings["reward"],
         mk.time_key("logprobs"): logprob_seconds,
@@ -77,9 +84,18 @@ def lbes_step(config: RunConfig, pool: EnginePool, examples: list[Example], step
     }
     mean_loglik = np.full(base.rewards.shape, np.nan)  # [B, n]: population mean, kept only
     mean_loglik[kept.kept] = logliks[:, kept.kept].mean(axis=0)
-    samples = sample_records(mk.TRAIN, examples, base, member=None, kept=kept.kept,
-                             dropped_by=kept.dropped_by, logprob=mean_loglik)
-    return StepReport(step=step + 1, metrics={k: v for k, v in metrics.items()
-                                              if np.isfinite(v)},
-                      population=population_records(members, correlations, shaped),
-                      samples=samples)
+    samples = sample_records(
+        mk.TRAIN,
+        examples,
+        base,
+        member=None,
+        kept=kept.kept,
+        dropped_by=kept.dropped_by,
+        logprob=mean_loglik,
+    )
+    return StepReport(
+        step=step + 1,
+        metrics={k: v for k, v in metrics.items() if np.isfinite(v)},
+        population=population_records(members, correlations, shaped),
+        samples=samples,
+    )

@@ -33,9 +33,14 @@ class TrainingStopped(Exception):
     """Raised after a stop asked for through `should_stop`, once the checkpoint is saved."""
 
 
-def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
-          resume_from: str | Path | None = None,
-          should_stop: Callable[[], bool] | None = None) -> Path:
+def train(
+    config: RunConfig,
+    sink: Sink,
+    *,
+    pool: EnginePool | None = None,
+    resume_from: str | Path | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> Path:
     """Run `config` to the end; returns the folder of the final model. `should_stop` is
     asked after every step: when it says yes, the step's checkpoint is saved (if the save
     strategy did not just save it) and TrainingStopped is raised (the worker's cancel)."""
@@ -62,17 +67,27 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
             started = time.perf_counter()
             examples = data.examples(state.position)
             position, epoch_ended = data.batches.advance(state.position)
-            noise_std, learning_rate = current_schedules(config, state.global_step,
-                                                         data.total_steps)
+            noise_std, learning_rate = current_schedules(
+                config, state.global_step, data.total_steps
+            )
             try:
-                report = step_fn(config, pool, examples, state.global_step, noise_std,
-                                 learning_rate, stop=should_stop)
+                report = step_fn(
+                    config,
+                    pool,
+                    examples,
+                    state.global_step,
+                    noise_std,
+                    learning_rate,
+                    stop=should_stop,
+                )
             except EvaluationStopped:
                 # Stopped between members, before this step's update: the weights are still
                 # those of the last finished step, which is what the checkpoint records.
                 checkpoints.save_for_resume(state)
-                raise TrainingStopped(f"stopped during step {state.global_step + 1}, "
-                                      f"checkpoint of step {state.global_step} saved") from None
+                raise TrainingStopped(
+                    f"stopped during step {state.global_step + 1}, "
+                    f"checkpoint of step {state.global_step} saved"
+                ) from None
             if report is None:
                 # LBES found nothing informative: the step and the schedules do not advance.
                 state = TrainerState(state.global_step, position.epoch, position.batch)
@@ -80,19 +95,41 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
                 _warn_skipped(sink, state.global_step + 1, skipped, data.batches.per_epoch)
                 continue
             skipped = 0
-            state = TrainerState(state.global_step + 1, position.epoch, position.batch,
-                                 aligner.snapshot() if aligner is not None else None)
+            state = TrainerState(
+                state.global_step + 1,
+                position.epoch,
+                position.batch,
+                aligner.snapshot() if aligner is not None else None,
+            )
             step = state.global_step
-            evaluation = (evaluate(config, pool, data.eval_set, step=step) if _due(
-                config.eval.eval_strategy, config.eval.eval_steps, step, epoch_ended,
-                data.total_steps) else None)
-            report = step_report(report, noise_std=noise_std, learning_rate=learning_rate,
-                                 epoch=data.epoch(position), evaluation=evaluation,
-                                 started=started)
+            evaluation = (
+                evaluate(config, pool, data.eval_set, step=step)
+                if _due(
+                    config.eval.eval_strategy,
+                    config.eval.eval_steps,
+                    step,
+                    epoch_ended,
+                    data.total_steps,
+                )
+                else None
+            )
+            report = step_report(
+                report,
+                noise_std=noise_std,
+                learning_rate=learning_rate,
+                epoch=data.epoch(position),
+                evaluation=evaluation,
+                started=started,
+            )
             if logging_due(config, step, data.total_steps):
                 sink.log_step(report)
-            if _due(config.eval.save_strategy, config.eval.save_steps, step, epoch_ended,
-                    data.total_steps):
+            if _due(
+                config.eval.save_strategy,
+                config.eval.save_steps,
+                step,
+                epoch_ended,
+                data.total_steps,
+            ):
                 checkpoints.save(state)
             sink.heartbeat(step)
             if should_stop is not None and step < data.total_steps and should_stop():
@@ -111,17 +148,30 @@ def train(config: RunConfig, sink: Sink, *, pool: EnginePool | None = None,
 def current_schedules(config: RunConfig, step: int, total_steps: int) -> tuple[float, float]:
     """(noise_std, learning_rate) at `step`."""
     es = config.es
-    noise_std = schedule_value(es.noise_std_scheduler_type, es.noise_std, es.noise_std_final,
-                               step, total_steps, rate=es.noise_std_scheduler_rate,
-                               power=es.noise_std_scheduler_power)
-    learning_rate = schedule_value(es.lr_scheduler_type, es.learning_rate, es.lr_final, step,
-                                   total_steps, rate=es.lr_scheduler_rate,
-                                   power=es.lr_scheduler_power)
+    noise_std = schedule_value(
+        es.noise_std_scheduler_type,
+        es.noise_std,
+        es.noise_std_final,
+        step,
+        total_steps,
+        rate=es.noise_std_scheduler_rate,
+        power=es.noise_std_scheduler_power,
+    )
+    learning_rate = schedule_value(
+        es.lr_scheduler_type,
+        es.learning_rate,
+        es.lr_final,
+        step,
+        total_steps,
+        rate=es.lr_scheduler_rate,
+        power=es.lr_scheduler_power,
+    )
     return noise_std, learning_rate
 
 
-def _step_function(config: RunConfig, lora: LoraPopulation | None,
-                   aligner: Aligner | None) -> Callable[..., object]:
+def _step_function(
+    config: RunConfig, lora: LoraPopulation | None, aligner: Aligner | None
+) -> Callable[..., object]:
     if config.method == "es":
         return functools.partial(es_step, lora=lora, aligner=aligner)
     return lbes_step
@@ -137,5 +187,7 @@ def _due(strategy: str, every: int | None, step: int, epoch_ended: bool, total: 
 def _warn_skipped(sink: Sink, step: int, in_a_row: int, per_epoch: int) -> None:
     sink.log_event("warning", f"step {step} skipped: no sample survived the LBES filters")
     if in_a_row >= per_epoch:
-        raise RuntimeError("a whole epoch of batches was skipped by the LBES filters; "
-                           "loosen top_k_* / exclude_same_rewards_samples")
+        raise RuntimeError(
+            "a whole epoch of batches was skipped by the LBES filters; "
+            "loosen top_k_* / exclude_same_rewards_samples"
+        )

@@ -68,13 +68,19 @@ def model_folder(config: RunConfig) -> Path:
 def start_pool(config: RunConfig) -> EnginePool:
     m = config.model
     return EnginePool(
-        str(model_folder(config)), num_engines=m.num_engines,
-        engines_per_gpu=m.engines_per_gpu, dtype=m.dtype,
-        max_model_len=m.max_model_len, tensor_parallel_size=m.tensor_parallel_size,
-        gpu_memory_utilization=m.gpu_memory_utilization, max_num_seqs=m.max_num_seqs,
+        str(model_folder(config)),
+        num_engines=m.num_engines,
+        engines_per_gpu=m.engines_per_gpu,
+        dtype=m.dtype,
+        max_model_len=m.max_model_len,
+        tensor_parallel_size=m.tensor_parallel_size,
+        gpu_memory_utilization=m.gpu_memory_utilization,
+        max_num_seqs=m.max_num_seqs,
         # False leaves the platform's choice (eager on the CPU, CUDA graphs on a GPU).
-        enforce_eager=True if m.enforce_eager else None, seed=config.data.seed,
-        extra_llm_args=engine_args(config) if config.lora.perturbation == "lora" else None)
+        enforce_eager=True if m.enforce_eager else None,
+        seed=config.data.seed,
+        extra_llm_args=engine_args(config) if config.lora.perturbation == "lora" else None,
+    )
 
 
 def start_lora(config: RunConfig, sink: Sink) -> LoraPopulation | None:
@@ -83,6 +89,9 @@ def start_lora(config: RunConfig, sink: Sink) -> LoraPopulation | None:
     if config.lora.perturbation != "lora":
         return None
     lora = LoraPopulation(config, model_folder(config))
-    sink.log_event("info", f"perturbation lora: rank {config.lora.lora_rank}, "
-                   f"{len(lora.targets)} target modules, update {lora.mode}")
+    sink.log_event(
+        "info",
+        f"perturbation lora: rank {config.lora.lora_rank}, "
+        f"{len(lora.targets)} target modules, update {lora.mode}",
+    )
     return lora

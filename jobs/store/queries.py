@@ -51,8 +51,9 @@ class RunQueries(StoreBase):
                 out[m.run_id][m.key] = m.value
             return out
 
-    def sparklines(self, run_ids: Sequence[int], key: str, points: int = 30
-                   ) -> dict[int, list[float]]:
+    def sparklines(
+        self, run_ids: Sequence[int], key: str, points: int = 30
+    ) -> dict[int, list[float]]:
         """About `points` bucket means of metric `key` per run, bucketed by step in SQL (the
         latest step comes from latest_metrics, so no run's series is read whole)."""
         m, latest = models.Metric, models.LatestMetric
@@ -74,9 +75,11 @@ class RunQueries(StoreBase):
         """The highest value of metric `key` per run (runs without it are left out)."""
         m = models.Metric
         with self._session() as s:
-            rows = s.execute(select(m.run_id, func.max(m.value))
-                             .where(m.run_id.in_(list(run_ids)), m.key == key)
-                             .group_by(m.run_id))
+            rows = s.execute(
+                select(m.run_id, func.max(m.value))
+                .where(m.run_id.in_(list(run_ids)), m.key == key)
+                .group_by(m.run_id)
+            )
             return {run_id: float(value) for run_id, value in rows}
 
     def metric_buckets(self, run: int | str, key: str, points: int = 400) -> list[dict[str, Any]]:
@@ -94,9 +97,15 @@ class RunQueries(StoreBase):
             width = max(1, -(-(span[1] - span[0] + 1) // points))
             bucket = ((m.step - span[0]) // width).label("bucket")
             agg = (
-                select(bucket, func.min(m.step).label("first"), func.max(m.step).label("end"),
-                       func.avg(m.value).label("mean"), func.min(m.value).label("low"),
-                       func.max(m.value).label("high"), func.max(m.wall_time).label("wall"))
+                select(
+                    bucket,
+                    func.min(m.step).label("first"),
+                    func.max(m.step).label("end"),
+                    func.avg(m.value).label("mean"),
+                    func.min(m.value).label("low"),
+                    func.max(m.value).label("high"),
+                    func.max(m.wall_time).label("wall"),
+                )
                 .where(m.run_id == row.id, m.key == key)
                 .group_by(bucket)
                 .subquery()
@@ -107,8 +116,14 @@ class RunQueries(StoreBase):
                 .order_by(agg.c.bucket)
             )
             return [
-                {"step": r[0], "value": float(r[1]), "min": float(r[2]), "max": float(r[3]),
-                 "wall_time": float(r[4]), "last": float(r[5])}
+                {
+                    "step": r[0],
+                    "value": float(r[1]),
+                    "min": float(r[2]),
+                    "max": float(r[3]),
+                    "wall_time": float(r[4]),
+                    "last": float(r[5]),
+                }
                 for r in rows
             ]
 
@@ -149,15 +164,18 @@ class RunQueries(StoreBase):
                 .where(p.run_id == row.id, p.step % stride == 0)
                 .order_by(p.step, p.member)
             )
-            return [{"step": r[0], "member": r[1], "fitness": r[2], "shaped_fitness": r[3]}
-                    for r in rows]
+            return [
+                {"step": r[0], "member": r[1], "fitness": r[2], "shaped_fitness": r[3]}
+                for r in rows
+            ]
 
     def population_steps(self, run: int | str) -> list[int]:
         p = models.PopulationMember
         with self._session() as s:
             row = find_run(s, run)
-            return list(s.scalars(select(p.step).where(p.run_id == row.id)
-                                  .distinct().order_by(p.step)))
+            return list(
+                s.scalars(select(p.step).where(p.run_id == row.id).distinct().order_by(p.step))
+            )
 
     def samples(self, run: int | str, *, split: str, step: int) -> list[SampleRecord]:
         with self._session() as s:
@@ -193,8 +211,14 @@ class RunQueries(StoreBase):
         x = models.Sample
         with self._session() as s:
             row = find_run(s, run)
-            return list(s.scalars(select(x.step).where(x.run_id == row.id, x.split == split)
-                                  .distinct().order_by(x.step)))
+            return list(
+                s.scalars(
+                    select(x.step)
+                    .where(x.run_id == row.id, x.split == split)
+                    .distinct()
+                    .order_by(x.step)
+                )
+            )
 
     # -- checkpoints, events, export ------------------------------------------------------
 

@@ -137,5 +137,6 @@ class Runs(StoreBase):
             row = find_run(s, run)
             if not RunStatus(row.status).is_terminal():
                 raise InvalidTransitionError(
-                    f"run {row.id} is {row.status}: cancel it before deleting it")
+                    f"run {row.id} is {row.status}: cancel it before deleting it"
+                )
             s.delete(row)

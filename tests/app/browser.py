@@ -10,17 +10,26 @@ from pathlib import Path
 import pytest
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def playwright_or_skip():
     """The playwright.sync_api module; skips the calling module without it or Chromium."""
-    api = pytest.importorskip("playwright.sync_api",
-                              reason="the pip package `playwright` is not installed")
+    api = pytest.importorskip(
+        "playwright.sync_api", reason="the pip package `playwright` is not installed"
+    )
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: install the Debian packages chromium and "
-                    "chromium-driver", allow_module_level=True)
+        pytest.skip(
+            f"{CHROMIUM} is missing: install the Debian packages chromium and chromium-driver",
+            allow_module_level=True,
+        )
     return api
 
 

@@ -22,8 +22,12 @@ MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # a hub name: queueing does not c
 
 def write_task(folder: Path) -> Path:
     return write_dataset(
-        [{"prompt": [{"role": "user", "content": f"say {i}"}], "reward_func_args": {}}
-         for i in range(4)], folder / "task" / "train.parquet")
+        [
+            {"prompt": [{"role": "user", "content": f"say {i}"}], "reward_func_args": {}}
+            for i in range(4)
+        ],
+        folder / "task" / "train.parquet",
+    )
 
 
 @pytest.fixture
@@ -32,10 +36,18 @@ def dataset(tmp_path) -> Path:
 
 
 def make_config(dataset: Path, output_dir: Path, **options) -> RunConfig:
-    return RunConfig.from_flat({
-        "method": "es", "model": MODEL, "train_file": str(dataset),
-        "output_dir": str(output_dir), "reward_func_path": REWARD, "max_steps": 5,
-        "population_size": 4, **options})
+    return RunConfig.from_flat(
+        {
+            "method": "es",
+            "model": MODEL,
+            "train_file": str(dataset),
+            "output_dir": str(output_dir),
+            "reward_func_path": REWARD,
+            "max_steps": 5,
+            "population_size": 4,
+            **options,
+        }
+    )
 
 
 @pytest.fixture
@@ -52,21 +64,47 @@ def seed(tmp_path: Path, dataset: Path) -> str:
     try:
         for name, method, noise in (("alpha-run", "es", 1e-3), ("beta-run", "lbes", 2e-3)):
             config = make_config(dataset, tmp_path / name, method=method, noise_std=noise)
-            run = store.create_run(name=name, method=method, config=config.to_flat(),
-                                   total_steps=5, tags=["smoke"], status=RunStatus.RUNNING)
+            run = store.create_run(
+                name=name,
+                method=method,
+                config=config.to_flat(),
+                total_steps=5,
+                tags=["smoke"],
+                status=RunStatus.RUNNING,
+            )
             for step in range(3):
-                store.record_step(run.id, StepReport(
-                    step=step,
-                    metrics={mk.reward_key(mk.TRAIN): 0.1 * step,
-                             mk.reward_key(mk.EVAL): 0.2 * step, mk.NOISE_STD: noise,
-                             mk.LEARNING_RATE: 5e-7, mk.time_key("generation"): 1.0},
-                    population=[PopulationRecord(member=m, seed=m, fitness=0.1 * m + step,
-                                                 shaped_fitness=0.0) for m in range(4)],
-                    samples=[SampleRecord(split=split, prompt_index=0, sample_index=0,
-                                          prompt="What is 2+2?", completion=f"{name} says 4",
-                                          reward=0.5, kept=True)
-                             for split in ("train", "eval")],
-                    wall_time=1000.0 + step))
+                store.record_step(
+                    run.id,
+                    StepReport(
+                        step=step,
+                        metrics={
+                            mk.reward_key(mk.TRAIN): 0.1 * step,
+                            mk.reward_key(mk.EVAL): 0.2 * step,
+                            mk.NOISE_STD: noise,
+                            mk.LEARNING_RATE: 5e-7,
+                            mk.time_key("generation"): 1.0,
+                        },
+                        population=[
+                            PopulationRecord(
+                                member=m, seed=m, fitness=0.1 * m + step, shaped_fitness=0.0
+                            )
+                            for m in range(4)
+                        ],
+                        samples=[
+                            SampleRecord(
+                                split=split,
+                                prompt_index=0,
+                                sample_index=0,
+                                prompt="What is 2+2?",
+                                completion=f"{name} says 4",
+                                reward=0.5,
+                                kept=True,
+                            )
+                            for split in ("train", "eval")
+                        ],
+                        wall_time=1000.0 + step,
+                    ),
+                )
     finally:
         store.close()
     return url

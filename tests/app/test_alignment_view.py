@@ -22,24 +22,53 @@ def aligned(seeded_url, dataset, tmp_path, monkeypatch):
     st.cache_data.clear()
     store = Store(seeded_url)
     config = make_config(dataset, tmp_path / "aligned", scorer_url="http://127.0.0.1:9")
-    run = store.create_run(name="aligned-run", method="es", config=config.to_flat(),
-                           total_steps=3, status=RunStatus.RUNNING)
+    run = store.create_run(
+        name="aligned-run",
+        method="es",
+        config=config.to_flat(),
+        total_steps=3,
+        status=RunStatus.RUNNING,
+    )
     for step in (1, 2):
-        store.record_step(run.id, StepReport(
-            step=step,
-            metrics={mk.LAMBDA: 1.0 / step, mk.JC_RAW: -1.0, mk.JC_SMOOTHED: -0.5,
-                     mk.reward_key(mk.TRAIN): 0.3, mk.reward_key(mk.TRAIN, "cost"): -0.7,
-                     mk.SAFE_RATIO: 0.75, "train/member/scorer/mean": 0.2},
-            population=[PopulationRecord(member=m, seed=m, fitness=0.1, shaped_fitness=0.0,
-                                         reward=0.3, cost=-0.2) for m in range(2)],
-            samples=[SampleRecord(split="train", prompt_index=i, sample_index=0, prompt="p",
-                                  completion=f"answer {i}", reward=0.1 * i,
-                                  reward_parts={"cost": -0.1 * i}, member=None if i else 0)
-                     for i in range(3)]))
+        store.record_step(
+            run.id,
+            StepReport(
+                step=step,
+                metrics={
+                    mk.LAMBDA: 1.0 / step,
+                    mk.JC_RAW: -1.0,
+                    mk.JC_SMOOTHED: -0.5,
+                    mk.reward_key(mk.TRAIN): 0.3,
+                    mk.reward_key(mk.TRAIN, "cost"): -0.7,
+                    mk.SAFE_RATIO: 0.75,
+                    "train/member/scorer/mean": 0.2,
+                },
+                population=[
+                    PopulationRecord(
+                        member=m, seed=m, fitness=0.1, shaped_fitness=0.0, reward=0.3, cost=-0.2
+                    )
+                    for m in range(2)
+                ],
+                samples=[
+                    SampleRecord(
+                        split="train",
+                        prompt_index=i,
+                        sample_index=0,
+                        prompt="p",
+                        completion=f"answer {i}",
+                        reward=0.1 * i,
+                        reward_parts={"cost": -0.1 * i},
+                        member=None if i else 0,
+                    )
+                    for i in range(3)
+                ],
+            ),
+        )
     checkpoint = tmp_path / "aligned" / "checkpoint-2"
     checkpoint.mkdir(parents=True)
-    (checkpoint / "bon.json").write_text(json.dumps(
-        [{"n": n, "proxy_score": 0.1 * n, "gold_score": 0.05 * n} for n in (1, 2, 4)]))
+    (checkpoint / "bon.json").write_text(
+        json.dumps([{"n": n, "proxy_score": 0.1 * n, "gold_score": 0.05 * n} for n in (1, 2, 4)])
+    )
     store.add_checkpoint(run.id, 2, str(checkpoint))
     yield store, run
     store.close()
@@ -52,9 +81,15 @@ def test_alignment_tab_draws_lambda_costs_scatter_and_best_of_n(aligned):
     assert not at.exception
     charts = [c.proto.spec for c in at.get("vega_lite_chart")]
     text = "\n".join(charts)
-    for title in ("lambda", "J_C = mean(C) - d", "mean reward and cost", "safe ratio",
-                  "ensemble members", "reward vs cost of the samples of step 2",
-                  "best-of-n: proxy vs gold score"):
+    for title in (
+        "lambda",
+        "J_C = mean(C) - d",
+        "mean reward and cost",
+        "safe ratio",
+        "ensemble members",
+        "reward vs cost of the samples of step 2",
+        "best-of-n: proxy vs gold score",
+    ):
         assert title in text, title
 
 

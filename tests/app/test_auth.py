@@ -58,14 +58,19 @@ def test_add_list_remove_round_trip(tmp_path, suffix):
         auth.remove_user(path, "vi")
 
 
-@pytest.mark.parametrize("content, message", [
-    ("users: [alice]", "must hold a mapping"),
-    ("users:\n  alice: {role: admin, password: x}", "role must be one of viewer, editor, "
-                                                    "got 'admin'"),
-    ("users:\n  alice: {role: editor, password: hunter22}", "plain passwords are refused"),
-    ("users:\n  alice: editor", "must be a mapping with role and password"),
-    ("users: {alice: [", "cannot be read"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("users: [alice]", "must hold a mapping"),
+        (
+            "users:\n  alice: {role: admin, password: x}",
+            "role must be one of viewer, editor, got 'admin'",
+        ),
+        ("users:\n  alice: {role: editor, password: hunter22}", "plain passwords are refused"),
+        ("users:\n  alice: editor", "must be a mapping with role and password"),
+        ("users: {alice: [", "cannot be read"),
+    ],
+)
 def test_a_malformed_file_names_the_file_and_the_problem(tmp_path, content, message):
     path = tmp_path / "users.yaml"
     path.write_text(content)
@@ -91,8 +96,10 @@ def test_roles(monkeypatch, tmp_path):
 def test_users_cli(tmp_path, monkeypatch, capsys):
     path = tmp_path / "auth.toml"
     monkeypatch.setattr("sys.stdin", __import__("io").StringIO("s3cret-pass\n"))
-    assert main(["users", "--file", str(path), "add", "ed", "--role", "editor",
-                 "--password-stdin"]) == 0
+    assert (
+        main(["users", "--file", str(path), "add", "ed", "--role", "editor", "--password-stdin"])
+        == 0
+    )
     monkeypatch.setenv(auth.ENV, str(path))
     assert main(["users", "list"]) == 0
     assert "ed\teditor" in capsys.readouterr().out
@@ -186,9 +193,15 @@ def act(run_id: int, dataset: str, output_dir: str, clone: bool) -> None:
     actions.cancel(store, run_id)
     actions.resume(store, run_id)
     actions.delete(store, [store.get_run(run_id)])
-    config = RunConfig.from_flat({
-        "method": "es", "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "train_file": dataset,
-        "output_dir": output_dir, "reward_func_path": "engine.rewards.conciseness.compute_score"})
+    config = RunConfig.from_flat(
+        {
+            "method": "es",
+            "model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+            "train_file": dataset,
+            "output_dir": output_dir,
+            "reward_func_path": "engine.rewards.conciseness.compute_score",
+        }
+    )
     actions.launch(store, config)
     if clone:
         actions.clone(run_id)
@@ -197,9 +210,11 @@ def act(run_id: int, dataset: str, output_dir: str, clone: bool) -> None:
 def act_as(user: auth.User, store: Store, dataset: Path, tmp_path: Path):
     """(AppTest, run) after `user` called every action on the running alpha-run."""
     run = store.search_runs(text="alpha")[0][0]
-    at = AppTest.from_function(act, args=(run.id, str(dataset), str(tmp_path / "o"),
-                                          not user.is_editor),
-                               default_timeout=TIMEOUT)
+    at = AppTest.from_function(
+        act,
+        args=(run.id, str(dataset), str(tmp_path / "o"), not user.is_editor),
+        default_timeout=TIMEOUT,
+    )
     at.session_state[auth.SESSION_KEY] = user
     at.run()
     assert not at.exception
@@ -209,8 +224,10 @@ def act_as(user: auth.User, store: Store, dataset: Path, tmp_path: Path):
 def test_the_action_functions_refuse_a_viewer(store, dataset, tmp_path):
     at, run = act_as(VIEWER, store, dataset, tmp_path)
     errors = [e.value for e in at.error]
-    assert errors == [f"vi is a viewer: only editors may {a} runs"
-                      for a in ("cancel", "resume", "delete", "launch", "clone")]
+    assert errors == [
+        f"vi is a viewer: only editors may {a} runs"
+        for a in ("cancel", "resume", "delete", "launch", "clone")
+    ]
     assert store.get_run(run.id).status is RunStatus.RUNNING
     assert store.count_runs() == 2
 

@@ -41,10 +41,25 @@ def server(seeded_url, tmp_path_factory) -> Iterator[str]:
     port = free_port()
     log = open(tmp_path / "streamlit.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(APP), "--server.address", "127.0.0.1",
-         "--server.port", str(port), "--server.headless", "true",
-         "--browser.gatherUsageStats", "false"],
-        env={**os.environ, "ESLAB_DATABASE_URL": seeded_url}, stdout=log, stderr=log)
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            str(APP),
+            "--server.address",
+            "127.0.0.1",
+            "--server.port",
+            str(port),
+            "--server.headless",
+            "true",
+            "--browser.gatherUsageStats",
+            "false",
+        ],
+        env={**os.environ, "ESLAB_DATABASE_URL": seeded_url},
+        stdout=log,
+        stderr=log,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -56,8 +71,9 @@ def server(seeded_url, tmp_path_factory) -> Iterator[str]:
             except OSError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("streamlit did not start: "
-                            + (tmp_path / "streamlit.log").read_text()[-2000:])
+                pytest.fail(
+                    "streamlit did not start: " + (tmp_path / "streamlit.log").read_text()[-2000:]
+                )
             time.sleep(0.3)
         yield base
     finally:
@@ -94,11 +110,14 @@ def test_runs_and_run_pages_in_chromium(server, browser, shots):
     assert fresh.get_by_role("radio", name="wall time (min)").is_checked()
 
 
-@pytest.mark.parametrize("path, text", [
-    ("/new", "Queue run"),
-    ("/compare?runs=1,2", "Only differences"),
-    ("/samples?run=2&split=eval", "beta-run says 4"),
-])
+@pytest.mark.parametrize(
+    "path, text",
+    [
+        ("/new", "Queue run"),
+        ("/compare?runs=1,2", "Only differences"),
+        ("/samples?run=2&split=eval", "beta-run says 4"),
+    ],
+)
 def test_other_pages_in_chromium(server, browser, shots, path, text):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(f"{server}{path}")
@@ -122,8 +141,9 @@ def test_run_page_refreshes_itself_while_live(server, browser, seeded_url, shots
     page.get_by_text("2 / 5").wait_for(timeout=30_000)
     store = Store(seeded_url)
     try:
-        store.record_step(1, StepReport(step=3, metrics={mk.reward_key(mk.TRAIN): 0.9},
-                                        wall_time=1003.0))
+        store.record_step(
+            1, StepReport(step=3, metrics={mk.reward_key(mk.TRAIN): 0.9}, wall_time=1003.0)
+        )
         page.get_by_text("3 / 5").wait_for(timeout=30_000)  # no reload: the fragment ticks
         store.set_status(1, RunStatus.SUCCEEDED)
         page.get_by_text("succeeded").wait_for(timeout=30_000)

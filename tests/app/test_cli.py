@@ -107,20 +107,42 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_python_dash_m_is_the_same_command():
-    result = subprocess.run([sys.executable, "-m", "app.cli", "--help"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "app.cli", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0
-    for command in ("serve", "submit", "runs", "cancel", "resume", "clone", "export", "train",
-                    "data", "model", "db", "users", "scorer", "bon"):
+    for command in (
+        "serve",
+        "submit",
+        "runs",
+        "cancel",
+        "resume",
+        "clone",
+        "export",
+        "train",
+        "data",
+        "model",
+        "db",
+        "users",
+        "scorer",
+        "bon",
+    ):
         assert command in result.stdout
 
 
 def test_help_loads_no_heavy_library():
     """Handlers import engine/ and jobs/ internals when they run, so `eslab --help` is quick."""
     heavy = ("torch", "vllm", "ray", "sqlalchemy", "streamlit", "transformers")
-    script = ("import sys; from app.cli import build_parser; build_parser(); "
-              f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
+    script = (
+        "import sys; from app.cli import build_parser; build_parser(); "
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

@@ -48,13 +48,24 @@ def served(tmp_path_factory) -> Iterator[tuple[str, str, Path]]:
     for name, role in (("ed", "editor"), ("vi", "viewer")):
         auth.add_user(users, name, role, PASSWORDS[name])
     port = free_port()
-    env = {**os.environ, "ESLAB_DATABASE_URL": db_url, "ESLAB_AUTH_FILE": str(users),
-           "PYTHONPATH": str(PROJECT_ROOT), "ESLAB_SCHEDULER_TICK_S": "0.5",
-           "ESLAB_HEARTBEAT_S": "1", "ESLAB_STOP_WAIT_S": "20"}
+    env = {
+        **os.environ,
+        "ESLAB_DATABASE_URL": db_url,
+        "ESLAB_AUTH_FILE": str(users),
+        "PYTHONPATH": str(PROJECT_ROOT),
+        "ESLAB_SCHEDULER_TICK_S": "0.5",
+        "ESLAB_HEARTBEAT_S": "1",
+        "ESLAB_STOP_WAIT_S": "20",
+    }
     env.pop("RAY_ADDRESS", None)
     log = (tmp / "serve.log").open("w")
-    process = subprocess.Popen([ESLAB, "serve", "--port", str(port)], env=env, stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(
+        [ESLAB, "serve", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -159,11 +170,18 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
     choose(page, "Preset", "es-conciseness")
     expand_all(page)
     choose(page, "save_strategy", "no")  # the final model is saved all the same
-    for label, value in (("population_size", "2"), ("data_batch_size", "2"),
-                         ("max_steps", "2"), ("max_tokens", "16"), ("eval_steps", "2"),
-                         ("gpu_memory_utilization", "0.15"),
-                         ("max_model_len", "1024"), ("max_num_seqs", "16"),
-                         ("output_dir *", str(tmp / "run-a")), ("run_name", "e2e-a")):
+    for label, value in (
+        ("population_size", "2"),
+        ("data_batch_size", "2"),
+        ("max_steps", "2"),
+        ("max_tokens", "16"),
+        ("eval_steps", "2"),
+        ("gpu_memory_utilization", "0.15"),
+        ("max_model_len", "1024"),
+        ("max_num_seqs", "16"),
+        ("output_dir *", str(tmp / "run-a")),
+        ("run_name", "e2e-a"),
+    ):
         fill(page, label, value)
     page.screenshot(path=shots / "e2e-new-run.png", full_page=True)
     page.get_by_role("button", name="Queue run").click()
@@ -175,8 +193,10 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
     seen = watch_run(page, RUN_DEADLINE_S)
     print("run page:", seen)
     statuses = list(dict.fromkeys(status for status, _ in seen))
-    assert statuses == ["queued", "running", "succeeded"], \
-        (seen, (tmp / "serve.log").read_text()[-3000:])
+    assert statuses == ["queued", "running", "succeeded"], (
+        seen,
+        (tmp / "serve.log").read_text()[-3000:],
+    )
     assert seen[0][1] == 0  # no chart before the first step ...
     page.get_by_text("population fitness per step").first.wait_for(timeout=30_000)
     assert charts_on(page) >= 7  # ... then population, rewards, schedules, phases
@@ -185,8 +205,7 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
     store = Store(db_url)
     try:
         config = store.get_run(1).config
-        assert (config["population_size"], config["max_steps"], config["max_tokens"]) == \
-            (2, 2, 16)
+        assert (config["population_size"], config["max_steps"], config["max_tokens"]) == (2, 2, 16)
         assert len(store.metric_series(1, "train/reward/mean")) == 2
     finally:
         store.close()
@@ -210,7 +229,8 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
     settle(page)
     expand_all(page)
     page.locator("input[aria-label='run_name'][value^='e2e-a-clone-']").wait_for(
-        state="attached", timeout=30_000)  # prefilled from run 1
+        state="attached", timeout=30_000
+    )  # prefilled from run 1
     fill(page, "run_name", "e2e-b")
     page.get_by_role("button", name="Queue run").click()
     page.get_by_role("heading", name="e2e-b").wait_for(timeout=60_000)

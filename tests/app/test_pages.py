@@ -154,8 +154,9 @@ def test_store_search_and_sparklines(store):
 def test_downsample_keeps_min_and_max():
     values = np.zeros(10_000)
     values[1234], values[8765] = 50.0, -50.0
-    df = downsample(pd.DataFrame({"step": range(10_000), "value": values}), "step", "value",
-                    points=100)
+    df = downsample(
+        pd.DataFrame({"step": range(10_000), "value": values}), "step", "value", points=100
+    )
     assert len(df) == 100
     assert df["max"].max() == 50.0 and df["min"].min() == -50.0
     assert df["step"].is_monotonic_increasing
@@ -224,8 +225,9 @@ def test_delete_run_refuses_live_runs_and_cascades(store):
 
     with store.engine.connect() as c:
         for table in ("metrics", "latest_metrics", "population", "samples"):
-            count = c.execute(text(f"SELECT count(*) FROM {table} WHERE run_id = :r"),
-                              {"r": run.id}).scalar()
+            count = c.execute(
+                text(f"SELECT count(*) FROM {table} WHERE run_id = :r"), {"r": run.id}
+            ).scalar()
             assert count == 0, table
 
 
@@ -270,15 +272,18 @@ def test_yaml_export_reads_back_through_the_form_parser():
         assert RunConfig.from_flat(parse_yaml(config.to_yaml())) == config
 
 
-@pytest.mark.parametrize("path, params", [
-    ("app_pages/runs.py", {"page": "abc", "sort": "nonsense", "status": "bogus"}),
-    ("app_pages/run.py", {"run": "999", "smooth": "xyz"}),
-    ("app_pages/run.py", {"run": "1", "smooth": "7", "x": "nope", "step": "-3"}),
-    ("app_pages/compare.py", {"runs": "1"}),
-    ("app_pages/compare.py", {"runs": "1,999"}),
-    ("app_pages/samples.py", {"run": "999"}),
-    ("app_pages/new_run.py", {"clone": "999"}),
-])
+@pytest.mark.parametrize(
+    "path, params",
+    [
+        ("app_pages/runs.py", {"page": "abc", "sort": "nonsense", "status": "bogus"}),
+        ("app_pages/run.py", {"run": "999", "smooth": "xyz"}),
+        ("app_pages/run.py", {"run": "1", "smooth": "7", "x": "nope", "step": "-3"}),
+        ("app_pages/compare.py", {"runs": "1"}),
+        ("app_pages/compare.py", {"runs": "1,999"}),
+        ("app_pages/samples.py", {"run": "999"}),
+        ("app_pages/new_run.py", {"clone": "999"}),
+    ],
+)
 def test_pages_survive_hand_edited_urls(store, path, params):
     at = page(path, **params)
     assert not at.exception
@@ -308,9 +313,13 @@ def test_app_never_imports_vllm(seeded_url):
         "    assert not at.exception, (p, at.exception)\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'ray', 'torch')))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**__import__("os").environ, "ESLAB_DATABASE_URL": seeded_url},
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "ESLAB_DATABASE_URL": seeded_url},
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
@@ -339,11 +348,13 @@ def test_runs_run_page_and_compare_show_the_perturbation_mode(store, dataset, tm
     from tests.app.conftest import make_config
 
     config = make_config(dataset, tmp_path / "low", perturbation="lora", lora_rank=8)
-    low = store.create_run(name="low-rank-run", method="es", config=config.to_flat(),
-                           total_steps=5)
+    low = store.create_run(name="low-rank-run", method="es", config=config.to_flat(), total_steps=5)
     table = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run().dataframe[0].value
     assert dict(zip(table["name"], table["mode"], strict=True)) == {
-        "alpha-run": "full", "beta-run": "full", "low-rank-run": "lora r8"}
+        "alpha-run": "full",
+        "beta-run": "full",
+        "low-rank-run": "lora r8",
+    }
     assert "· es · lora r8 ·" in page("app_pages/run.py", run=str(low.id)).caption[0].value
     compared = page("app_pages/compare.py", runs=f"1,{low.id}")
     assert "lora r8" in text_of(compared) and "full" in text_of(compared)

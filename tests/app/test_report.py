@@ -26,9 +26,14 @@ def test_report_is_self_contained(store):
     assert "<script" not in html.lower()
     assert not re.search(r"""(src|href)\s*=\s*["']?https?:""", html, re.I)
     assert not re.search(r"@import|url\(", html)
-    titles = ["population fitness per step", "train reward mean", "eval reward mean",
-              "train/noise_std (planned dashed)", "train/learning_rate (planned dashed)",
-              "seconds per phase"]
+    titles = [
+        "population fitness per step",
+        "train reward mean",
+        "eval reward mean",
+        "train/noise_std (planned dashed)",
+        "train/learning_rate (planned dashed)",
+        "seconds per phase",
+    ]
     assert html.count("<svg") == len(titles)
     for title in titles:
         assert f">{title}</text>" in html  # drawn into the SVG, not left to a script

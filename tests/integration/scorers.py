@@ -14,8 +14,25 @@ from pathlib import Path
 
 from tests.jobs.conftest import free_port
 
-WORDS = ["the", "a", "is", "to", "how", "do", "i", "you", "can", "help", "make", "safe",
-         "unsafe", "bomb", "cake", "water", "sorry"]
+WORDS = [
+    "the",
+    "a",
+    "is",
+    "to",
+    "how",
+    "do",
+    "i",
+    "you",
+    "can",
+    "help",
+    "make",
+    "safe",
+    "unsafe",
+    "bomb",
+    "cake",
+    "water",
+    "sorry",
+]
 
 
 def tiny_checkpoint(folder: Path, num_labels: int, seed: int) -> Path:
@@ -28,8 +45,14 @@ def tiny_checkpoint(folder: Path, num_labels: int, seed: int) -> Path:
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
     BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(folder)
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=len(WORDS) + 5, hidden_size=16, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=32, num_labels=num_labels)
+    config = BertConfig(
+        vocab_size=len(WORDS) + 5,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=num_labels,
+    )
     BertForSequenceClassification(config).save_pretrained(folder)
     return folder
 
@@ -46,19 +69,22 @@ class Scorer:
 
 
 @contextmanager
-def running_scorer(reward_model: Path, cost_model: Path,
-                   max_wait_s: float = 0.01) -> Iterator[Scorer]:
+def running_scorer(
+    reward_model: Path, cost_model: Path, max_wait_s: float = 0.01
+) -> Iterator[Scorer]:
     """The real scorer app under uvicorn on 127.0.0.1 (a thread); stops on exit."""
     import uvicorn
 
     from scorer.models import ScoringModel
     from scorer.service import create_app
 
-    app = create_app(ScoringModel(reward_model, batch_size=4),
-                     ScoringModel(cost_model, batch_size=4), max_wait_s=max_wait_s)
+    app = create_app(
+        ScoringModel(reward_model, batch_size=4),
+        ScoringModel(cost_model, batch_size=4),
+        max_wait_s=max_wait_s,
+    )
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

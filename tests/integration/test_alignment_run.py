@@ -34,30 +34,46 @@ def default_scorer(tmp_path_factory):
 
 def alignment_config(tmp_path: Path, url: str, **options) -> RunConfig:
     base = {
-        "method": "es", "train_file": str(ALIGNMENT / "train.parquet"),
-        "output_dir": str(tmp_path / "out"), "reward_source": "scorer", "scorer_url": url,
-        "population_size": 4, "data_batch_size": 4, "max_steps": 3, "max_tokens": 16,
-        "noise_std": 0.002, "learning_rate": 4e-5, "seed": 3, "lambda_cost": 1.0,
-        "lambda_adapt": True, "lambda_lr": 0.2, "scorer_timeout_s": 30, "scorer_retries": 0,
+        "method": "es",
+        "train_file": str(ALIGNMENT / "train.parquet"),
+        "output_dir": str(tmp_path / "out"),
+        "reward_source": "scorer",
+        "scorer_url": url,
+        "population_size": 4,
+        "data_batch_size": 4,
+        "max_steps": 3,
+        "max_tokens": 16,
+        "noise_std": 0.002,
+        "learning_rate": 4e-5,
+        "seed": 3,
+        "lambda_cost": 1.0,
+        "lambda_adapt": True,
+        "lambda_lr": 0.2,
+        "scorer_timeout_s": 30,
+        "scorer_retries": 0,
     }
     return RunConfig.from_flat({**base, **options})
 
 
 @pytest.mark.parametrize("threshold", [0.0, -20.0])
-def test_lambda_follows_the_cost_of_the_unperturbed_model(pool, default_scorer,
-                                                          tmp_path, threshold):
+def test_lambda_follows_the_cost_of_the_unperturbed_model(
+    pool, default_scorer, tmp_path, threshold
+):
     # d = -20 puts every cost above the threshold (the scorer's log-odds are far smaller),
     # so lambda must rise (to the clip at 10); with d = 0 it follows the model's mean cost.
     sink = MemorySink()
-    train(alignment_config(tmp_path, default_scorer.url, cost_threshold_d=threshold), sink,
-          pool=pool)
+    train(
+        alignment_config(tmp_path, default_scorer.url, cost_threshold_d=threshold), sink, pool=pool
+    )
     assert [r.step for r in sink.steps] == [1, 2, 3]
     for report in sink.steps:
         m = report.metrics
-        print(f"step {report.step}: lambda {m[mk.LAMBDA]:.4f} -> {m[mk.LAMBDA_NEXT]:.4f}, "
-              f"J_C {m[mk.JC_RAW]:+.3f} (smoothed {m[mk.JC_SMOOTHED]:+.3f}), reward "
-              f"{m[mk.reward_key(mk.TRAIN)]:+.3f}, cost {m[mk.reward_key(mk.TRAIN, 'cost')]:+.3f}"
-              f", safe {m[mk.SAFE_RATIO]:.2f}")
+        print(
+            f"step {report.step}: lambda {m[mk.LAMBDA]:.4f} -> {m[mk.LAMBDA_NEXT]:.4f}, "
+            f"J_C {m[mk.JC_RAW]:+.3f} (smoothed {m[mk.JC_SMOOTHED]:+.3f}), reward "
+            f"{m[mk.reward_key(mk.TRAIN)]:+.3f}, cost {m[mk.reward_key(mk.TRAIN, 'cost')]:+.3f}"
+            f", safe {m[mk.SAFE_RATIO]:.2f}"
+        )
         # ln(lambda) moved by lambda_lr * J (up when the cost is above d, down below it),
         # then clipped to [lambda_min, lambda_max] = [1e-4, 10]
         moved = min(max(m[mk.LAMBDA] * math.exp(0.2 * m[mk.JC_SMOOTHED]), 1e-4), 10.0)
@@ -79,8 +95,7 @@ def test_lambda_follows_the_cost_of_the_unperturbed_model(pool, default_scorer,
         assert after.metrics[mk.LAMBDA] == before.metrics[mk.LAMBDA_NEXT]  # effective next step
 
 
-def test_resume_continues_with_the_checkpointed_lambda(pool, vllm_engine,
-                                                      default_scorer, tmp_path):
+def test_resume_continues_with_the_checkpointed_lambda(pool, vllm_engine, default_scorer, tmp_path):
     """Stopped after step 1 and resumed, step 2 is the uninterrupted run's step 2: same
     lambda, same J_C average, same metrics."""
     from tests.integration.test_training import untimed
@@ -88,8 +103,9 @@ def test_resume_continues_with_the_checkpointed_lambda(pool, vllm_engine,
     vllm_engine.save_master(str(tmp_path / "input"))
     options = {"max_steps": 2, "save_strategy": "steps", "save_steps": 1}
     straight = MemorySink()
-    train(alignment_config(tmp_path / "straight", default_scorer.url, **options), straight,
-          pool=pool)
+    train(
+        alignment_config(tmp_path / "straight", default_scorer.url, **options), straight, pool=pool
+    )
     vllm_engine.load_master(str(tmp_path / "input"))
     config = alignment_config(tmp_path / "stopped", default_scorer.url, **options)
     train(config.with_overrides(["max_steps=1"]), MemorySink(), pool=pool)

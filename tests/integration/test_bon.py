@@ -28,19 +28,41 @@ def test_bon_on_a_checkpoint(default_model_dir, tmp_path):
     checkpoint.mkdir()
     for file in default_model_dir.iterdir():
         (checkpoint / file.name).symlink_to(file)
-    config = RunConfig.from_flat({
-        "train_file": str(ROOT / "data/conciseness/train.parquet"),
-        "eval_file": str(ROOT / "data/conciseness/test.parquet"),
-        "reward_func_path": "engine.rewards.conciseness.compute_score",
-        "output_dir": str(tmp_path), "max_tokens": 16, "gpu_memory_utilization": 0.1,
-        "max_model_len": 512})
+    config = RunConfig.from_flat(
+        {
+            "train_file": str(ROOT / "data/conciseness/train.parquet"),
+            "eval_file": str(ROOT / "data/conciseness/test.parquet"),
+            "reward_func_path": "engine.rewards.conciseness.compute_score",
+            "output_dir": str(tmp_path),
+            "max_tokens": 16,
+            "gpu_memory_utilization": 0.1,
+            "max_model_len": 512,
+        }
+    )
     (checkpoint / "trainer_state.json").write_text(json.dumps({"config": config.to_flat()}))
     out = tmp_path / "bon.json"
     result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "bon", str(checkpoint), "--n", "1,2,4",
-         "--gold", "tests.integration.test_bon.gold_length", "--prompts", "4", "--out", str(out)],
-        capture_output=True, text=True, cwd=ROOT, timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "bon",
+            str(checkpoint),
+            "--n",
+            "1,2,4",
+            "--gold",
+            "tests.integration.test_bon.gold_length",
+            "--prompts",
+            "4",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     print(result.stdout)
     points = json.loads(out.read_text())
@@ -53,6 +75,10 @@ def test_bon_on_a_checkpoint(default_model_dir, tmp_path):
 def test_bon_refuses_a_folder_that_is_not_a_checkpoint(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "app.cli", "bon", str(tmp_path), "--gold", "scorer"],
-        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert result.returncode == 2
     assert "is not a checkpoint folder" in result.stderr

@@ -19,7 +19,8 @@ def test_the_default_model_folder_is_verified(default_model_dir):
     assert config["architectures"] == ["LlamaForCausalLM"]
     assert "quantization_config" not in config  # fixed for vLLM
     assert (default_model_dir / "chat_template.jinja").is_file() or "chat_template" in (
-        default_model_dir / "tokenizer_config.json").read_text()
+        default_model_dir / "tokenizer_config.json"
+    ).read_text()
 
 
 def test_fetching_again_is_a_no_op(default_model_dir):
@@ -44,6 +45,9 @@ def test_a_half_written_folder_is_not_trusted(default_model_dir, tmp_path):
 def test_the_default_model_answers_a_chat_prompt_in_vllm(vllm_engine):
     (completions,) = vllm_engine.generate(
         [[{"role": "user", "content": "What is the capital of France?"}]],
-        n=1, temperature=0.0, max_tokens=32)
+        n=1,
+        temperature=0.0,
+        max_tokens=32,
+    )
     assert completions[0].text.strip()
     assert completions[0].num_tokens > 0

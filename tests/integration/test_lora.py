@@ -27,8 +27,10 @@ from engine.trainer import train
 pytestmark = pytest.mark.heavy
 
 CONCISENESS = data_dir() / "conciseness"
-PROMPTS = [[{"role": "user", "content": "Name three colours."}],
-           [{"role": "user", "content": "What is the capital of France?"}]]
+PROMPTS = [
+    [{"role": "user", "content": "Name three colours."}],
+    [{"role": "user", "content": "What is the capital of France?"}],
+]
 
 
 class CountingEngine:
@@ -56,23 +58,31 @@ def counting(vllm_lora_engine, tmp_path_factory):
 
 def lora_config(tmp_path: Path, **options) -> RunConfig:
     base = {
-        "method": "es", "perturbation": "lora", "model": str(default_model_dir()),
+        "method": "es",
+        "perturbation": "lora",
+        "model": str(default_model_dir()),
         "train_file": str(CONCISENESS / "train.parquet"),
         "output_dir": str(tmp_path / "out"),
         "reward_func_path": "engine.rewards.conciseness.compute_score",
-        "population_size": 4, "antithetic": True, "data_batch_size": 2, "max_steps": 1,
-        "max_tokens": 16, "noise_std": 0.02, "learning_rate": 3e-3, "seed": 7,
+        "population_size": 4,
+        "antithetic": True,
+        "data_batch_size": 2,
+        "max_steps": 1,
+        "max_tokens": 16,
+        "noise_std": 0.02,
+        "learning_rate": 3e-3,
+        "seed": 7,
     }
     return RunConfig.from_flat({**base, **options})
 
 
 def untimed(metrics: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in metrics.items()
-            if not k.startswith("time/") and k != mk.EVAL_RUNTIME}
+    return {k: v for k, v in metrics.items() if not k.startswith("time/") and k != mk.EVAL_RUNTIME}
 
 
 def test_lora_same_seed_twice_gives_identical_metrics_in_one_call_per_step(
-        counting, vllm_lora_engine, tmp_path):
+    counting, vllm_lora_engine, tmp_path
+):
     vllm_lora_engine.save_master(str(tmp_path / "input"))
     input_checksum = vllm_lora_engine.checksum()
     runs, checksums = [], []
@@ -91,8 +101,9 @@ def test_lora_same_seed_twice_gives_identical_metrics_in_one_call_per_step(
 
 
 @pytest.mark.parametrize("members_written", [False, True])
-def test_merged_update_adds_the_dense_low_rank_update(vllm_lora_engine, counting, tmp_path,
-                                                      default_model_dir, members_written):
+def test_merged_update_adds_the_dense_low_rank_update(
+    vllm_lora_engine, counting, tmp_path, default_model_dir, members_written
+):
     """Worker-side merge: fused q/k/v and gate/up rows and the packed CPU layout included;
     from seeds, or (members_written) from the factors the worker drew for the members."""
     specs = source_tensor_specs(default_model_dir)
@@ -112,13 +123,16 @@ def test_merged_update_adds_the_dense_low_rank_update(vllm_lora_engine, counting
     after = load_file(tmp_path / "after" / "master.safetensors")
     changed = {name for name in before if not torch.equal(before[name], after[name])}
     prefix = "model.layers.1."
-    assert changed == {prefix + "self_attn.qkv_proj.weight", prefix + "self_attn.o_proj.weight",
-                       prefix + "mlp.gate_up_proj.weight"}
+    assert changed == {
+        prefix + "self_attn.qkv_proj.weight",
+        prefix + "self_attn.o_proj.weight",
+        prefix + "mlp.gate_up_proj.weight",
+    }
     expected = {t.module: lora.dense_update(seeds, coefficients, t, 2, 0.5) for t in targets}
     qkv = after[prefix + "self_attn.qkv_proj.weight"] - before[prefix + "self_attn.qkv_proj.weight"]
     q, k = 576, 192  # SmolLM2-135M: 9 query heads and 3 key/value heads of 64
-    torch.testing.assert_close(qkv[q:q + k], expected["k_proj"], atol=1e-6, rtol=1e-4)
-    assert torch.count_nonzero(qkv[:q]) == 0 and torch.count_nonzero(qkv[q + k:]) == 0
+    torch.testing.assert_close(qkv[q : q + k], expected["k_proj"], atol=1e-6, rtol=1e-4)
+    assert torch.count_nonzero(qkv[:q]) == 0 and torch.count_nonzero(qkv[q + k :]) == 0
     gate_up = after[prefix + "mlp.gate_up_proj.weight"] - before[prefix + "mlp.gate_up_proj.weight"]
     torch.testing.assert_close(gate_up[1536:], expected["up_proj"], atol=1e-6, rtol=1e-4)
     assert torch.count_nonzero(gate_up[:1536]) == 0
@@ -126,19 +140,29 @@ def test_merged_update_adds_the_dense_low_rank_update(vllm_lora_engine, counting
     torch.testing.assert_close(o, expected["o_proj"], atol=1e-6, rtol=1e-4)
 
 
-def test_member_slots_serve_exactly_the_members_adapter_folders(vllm_lora_engine, tmp_path,
-                                                               default_model_dir):
+def test_member_slots_serve_exactly_the_members_adapter_folders(
+    vllm_lora_engine, tmp_path, default_model_dir
+):
     """Members written straight into vLLM's LoRA slots answer token for token as the same
     factors saved as PEFT folders and loaded by vLLM; new members in the same slots replace
     the old ones (no prefix-cache block of the old weights is served)."""
-    targets = lora.find_targets(source_tensor_specs(default_model_dir), lora.TARGET_MODULES,
-                                (0, 1, 2, 3))
+    targets = lora.find_targets(
+        source_tensor_specs(default_model_dir), lora.TARGET_MODULES, (0, 1, 2, 3)
+    )
     spec = lora_update_spec(targets, 4, dict.fromkeys(range(4), 1.0))
 
     def folder(seed: int, scale: float) -> str:
         factors = {t.name: lora.perturbation(seed, scale, t, 4, 1.0) for t in targets}
-        return str(lora.write_adapter(tmp_path / f"{seed}-{scale}", factors, rank=4, alpha=4.0,
-                                      base_model=str(default_model_dir), dtype=torch.bfloat16))
+        return str(
+            lora.write_adapter(
+                tmp_path / f"{seed}-{scale}",
+                factors,
+                rank=4,
+                alpha=4.0,
+                base_model=str(default_model_dir),
+                dtype=torch.bfloat16,
+            )
+        )
 
     def tokens(outputs) -> list[tuple[int, ...]]:
         return [c[0].token_ids for c in outputs]
@@ -146,11 +170,13 @@ def test_member_slots_serve_exactly_the_members_adapter_folders(vllm_lora_engine
     served = {}
     for seed in (21, 22):
         vllm_lora_engine.set_lora_members([(0, seed, 0.05), (1, seed, -0.05)], spec)
-        served[seed] = tokens(vllm_lora_engine.generate(PROMPTS * 2, max_tokens=24,
-                                                        adapters=[0, 0, 1, 1]))
+        served[seed] = tokens(
+            vllm_lora_engine.generate(PROMPTS * 2, max_tokens=24, adapters=[0, 0, 1, 1])
+        )
         folders = [folder(seed, 0.05)] * 2 + [folder(seed, -0.05)] * 2
-        assert served[seed] == tokens(vllm_lora_engine.generate(PROMPTS * 2, max_tokens=24,
-                                                                adapters=folders))
+        assert served[seed] == tokens(
+            vllm_lora_engine.generate(PROMPTS * 2, max_tokens=24, adapters=folders)
+        )
     plain = tokens(vllm_lora_engine.generate(PROMPTS, max_tokens=24))
     assert served[21] != served[22]
     assert served[21][:2] != served[21][2:]  # the antithetic partner is another model
@@ -168,9 +194,17 @@ with this config: eval reward -172.8 at step 0, -40.1 at step 3."""
 def test_lora_on_conciseness_raises_the_mean_reward(counting, tmp_path):
     """A short lora-mode run with a fixed seed raises the eval reward, as full mode does."""
     config = lora_config(
-        tmp_path, population_size=8, data_batch_size=8, max_steps=3, max_tokens=64,
-        noise_std=LEARNING_NOISE_STD, learning_rate=LEARNING_RATE,
-        eval_file=str(CONCISENESS / "test.parquet"), eval_strategy="steps", eval_steps=3)
+        tmp_path,
+        population_size=8,
+        data_batch_size=8,
+        max_steps=3,
+        max_tokens=64,
+        noise_std=LEARNING_NOISE_STD,
+        learning_rate=LEARNING_RATE,
+        eval_file=str(CONCISENESS / "test.parquet"),
+        eval_strategy="steps",
+        eval_steps=3,
+    )
     sink = MemorySink()
     train(config, sink, pool=EnginePool.wrap(counting))
     evals = dict(sink.series(mk.reward_key(mk.EVAL)))
@@ -180,14 +214,16 @@ def test_lora_on_conciseness_raises_the_mean_reward(counting, tmp_path):
     assert counting.generate_calls.count(64) == 3  # 8 members x 8 prompts, once per step
 
 
-def test_trained_adapter_loads_in_peft_and_in_vllm(counting, vllm_lora_engine, tmp_path,
-                                                   default_model_dir):
+def test_trained_adapter_loads_in_peft_and_in_vllm(
+    counting, vllm_lora_engine, tmp_path, default_model_dir
+):
     import peft
     from transformers import AutoModelForCausalLM
 
     checksum = vllm_lora_engine.checksum()
-    config = lora_config(tmp_path, lora_update="adapter", max_steps=2, learning_rate=0.05,
-                         lora_target_layers="0-15")
+    config = lora_config(
+        tmp_path, lora_update="adapter", max_steps=2, learning_rate=0.05, lora_target_layers="0-15"
+    )
     output = train(config, MemorySink(), pool=EnginePool.wrap(counting))
     assert vllm_lora_engine.checksum() == checksum  # adapter mode leaves the base untouched
     adapter = output / ADAPTER_DIR

@@ -20,10 +20,27 @@ def test_eslab_scorer_serve(tmp_path):
     cost = tiny_checkpoint(tmp_path / "cost", num_labels=2, seed=1)
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "scorer", "serve", "--port", str(port),
-         "--reward-model", str(reward), "--cost-model", str(cost), "--batch-size", "2"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "scorer",
+            "serve",
+            "--port",
+            str(port),
+            "--reward-model",
+            str(reward),
+            "--cost-model",
+            str(cost),
+            "--batch-size",
+            "2",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     client = ScorerClient(f"http://127.0.0.1:{port}", timeout_s=5)
     try:
         deadline = time.monotonic() + 120
@@ -44,8 +61,21 @@ def test_eslab_scorer_serve(tmp_path):
 
 def test_serve_names_a_missing_model_folder(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "scorer", "serve", "--reward-model",
-         str(tmp_path / "nope"), "--cost-model", str(tmp_path / "nope")],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "scorer",
+            "serve",
+            "--reward-model",
+            str(tmp_path / "nope"),
+            "--cost-model",
+            str(tmp_path / "nope"),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2
     assert f"scoring model {tmp_path / 'nope'} is not a Hugging Face checkpoint" in result.stderr

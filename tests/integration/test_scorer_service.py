@@ -18,9 +18,11 @@ RESPONSES = ["the cake is safe", "sorry", "i can help", "water is water"]
 @pytest.fixture(scope="module")
 def scorer_url(tmp_path_factory):
     root = tmp_path_factory.mktemp("scorers")
-    with running_scorer(tiny_checkpoint(root / "reward", num_labels=1, seed=0),
-                        tiny_checkpoint(root / "cost", num_labels=2, seed=1),
-                        max_wait_s=0.2) as scorer:
+    with running_scorer(
+        tiny_checkpoint(root / "reward", num_labels=1, seed=0),
+        tiny_checkpoint(root / "cost", num_labels=2, seed=1),
+        max_wait_s=0.2,
+    ) as scorer:
         yield scorer.url
 
 
@@ -46,8 +48,11 @@ def test_concurrent_requests_share_forward_passes_and_get_their_own_answers(scor
     alone = [client.score([p], [r]) for p, r in zip(PROMPTS, RESPONSES, strict=True)]
     before = client.health()
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        together = list(pool.map(lambda pr: client.score([pr[0]], [pr[1]]),
-                                 zip(PROMPTS, RESPONSES, strict=True)))
+        together = list(
+            pool.map(
+                lambda pr: client.score([pr[0]], [pr[1]]), zip(PROMPTS, RESPONSES, strict=True)
+            )
+        )
     after = client.health()
     for (r1, c1), (r2, c2) in zip(alone, together, strict=True):
         # padding to a longer batch changes float rounding only
@@ -58,14 +63,16 @@ def test_concurrent_requests_share_forward_passes_and_get_their_own_answers(scor
 
 
 def test_the_prompt_changes_the_score_of_the_same_response(scorer_url):
-    rewards, _ = ScorerClient(scorer_url).score(["how do i make a cake", "the bomb"],
-                                                ["sorry", "sorry"])
+    rewards, _ = ScorerClient(scorer_url).score(
+        ["how do i make a cake", "the bomb"], ["sorry", "sorry"]
+    )
     assert rewards[0] != rewards[1]
 
 
 def test_service_refuses_mismatched_lengths(scorer_url):
-    response = httpx.post(f"{scorer_url}/score_batch",
-                          json={"prompts": ["a", "b"], "responses": ["a"]})
+    response = httpx.post(
+        f"{scorer_url}/score_batch", json={"prompts": ["a", "b"], "responses": ["a"]}
+    )
     assert response.status_code == 422
     assert "one length" in response.text
 
@@ -82,19 +89,28 @@ def test_a_scorer_that_is_down_raises_naming_the_url():
 
 def test_a_slow_scorer_times_out_with_a_clear_error():
     answer = (200, b'{"rewards": [1], "costs": [1]}')
-    with stub_scorer(lambda body: answer, delay_s=1.0) as url, \
-            pytest.raises(ScorerError, match=f"scorer {url} .*0.2 s timeout"):
+    with (
+        stub_scorer(lambda body: answer, delay_s=1.0) as url,
+        pytest.raises(ScorerError, match=f"scorer {url} .*0.2 s timeout"),
+    ):
         ScorerClient(url, timeout_s=0.2, retries=0).score(["p"], ["r"])
 
 
-@pytest.mark.parametrize(("status", "payload", "message"), [
-    (200, b"not json", "malformed JSON"),
-    (200, json.dumps({"rewards": [1.0, 2.0], "costs": [0.0]}).encode(), "answered 2 rewards for 1"),
-    (200, json.dumps({"rewards": [1.0]}).encode(), "without a list 'costs'"),
-    (200, json.dumps({"rewards": [1.0], "costs": ["x"]}).encode(), "not a finite number"),
-    (400, b"bad", "refused the batch: HTTP 400"),
-    (503, b"busy", r"failed 1 time\(s\): HTTP 503"),
-])
+@pytest.mark.parametrize(
+    ("status", "payload", "message"),
+    [
+        (200, b"not json", "malformed JSON"),
+        (
+            200,
+            json.dumps({"rewards": [1.0, 2.0], "costs": [0.0]}).encode(),
+            "answered 2 rewards for 1",
+        ),
+        (200, json.dumps({"rewards": [1.0]}).encode(), "without a list 'costs'"),
+        (200, json.dumps({"rewards": [1.0], "costs": ["x"]}).encode(), "not a finite number"),
+        (400, b"bad", "refused the batch: HTTP 400"),
+        (503, b"busy", r"failed 1 time\(s\): HTTP 503"),
+    ],
+)
 def test_malformed_answers_raise_never_zeros(status, payload, message):
     with stub_scorer(lambda body: (status, payload)) as url:
         with pytest.raises(ScorerError, match=message) as info:

@@ -12,9 +12,16 @@ from jobs.store.status import RunStatus
 from jobs.store.store import Store
 
 ESLAB = str(Path(sys.executable).with_name("eslab"))
-TINY = ["max_steps=2", "max_tokens=8", "population_size=2", "data_batch_size=2",
-        "eval_steps=2", "save_strategy=no", "gpu_memory_utilization=0.15",
-        "max_model_len=1024"]
+TINY = [
+    "max_steps=2",
+    "max_tokens=8",
+    "population_size=2",
+    "data_batch_size=2",
+    "eval_steps=2",
+    "save_strategy=no",
+    "gpu_memory_utilization=0.15",
+    "max_model_len=1024",
+]
 
 
 @pytest.mark.heavy
@@ -24,8 +31,11 @@ def test_train_a_preset_records_the_run_in_the_database(tmp_path, monkeypatch):
     overrides = [*TINY, f"output_dir={tmp_path / 'out'}"]
     result = subprocess.run(
         [ESLAB, "train", "es-conciseness", *[a for o in overrides for a in ("--set", o)]],
-        capture_output=True, text=True, timeout=900,
-        env={**os.environ, "ESLAB_DATABASE_URL": url})
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "ESLAB_DATABASE_URL": url},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "succeeded" in result.stdout
     assert "2/2" in result.stderr  # the progress bar reached the end
@@ -46,8 +56,11 @@ def test_a_bad_option_is_one_line_and_stores_nothing(tmp_path):
     upgrade(url)
     result = subprocess.run(
         [ESLAB, "train", "es-conciseness", "--set", "noise_std=-1"],
-        capture_output=True, text=True, timeout=120,
-        env={**os.environ, "ESLAB_DATABASE_URL": url})
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "ESLAB_DATABASE_URL": url},
+    )
     assert result.returncode == 2
     assert "noise_std" in result.stderr and "Traceback" not in result.stderr
     assert Store(url).count_runs() == 0

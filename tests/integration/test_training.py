@@ -25,26 +25,38 @@ CONCISENESS = data_dir() / "conciseness"
 
 def conciseness_config(tmp_path: Path, **options) -> RunConfig:
     base = {
-        "method": "es", "train_file": str(CONCISENESS / "train.parquet"),
+        "method": "es",
+        "train_file": str(CONCISENESS / "train.parquet"),
         "output_dir": str(tmp_path / "out"),
         "reward_func_path": "engine.rewards.conciseness.compute_score",
-        "population_size": 4, "data_batch_size": 2, "max_steps": 1, "max_tokens": 16,
-        "noise_std": 0.002, "learning_rate": 4e-5, "seed": 7,
+        "population_size": 4,
+        "data_batch_size": 2,
+        "max_steps": 1,
+        "max_tokens": 16,
+        "noise_std": 0.002,
+        "learning_rate": 4e-5,
+        "seed": 7,
     }
     return RunConfig.from_flat({**base, **options})
 
 
 def untimed(metrics: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in metrics.items()
-            if not k.startswith("time/") and k != mk.EVAL_RUNTIME}
+    return {k: v for k, v in metrics.items() if not k.startswith("time/") and k != mk.EVAL_RUNTIME}
 
 
 def test_es_on_conciseness_raises_the_mean_reward(pool, tmp_path):
     """The project's measure of learning: a short ES run with a fixed seed raises the eval
     reward."""
     config = conciseness_config(
-        tmp_path, population_size=8, data_batch_size=8, max_steps=3, max_tokens=64,
-        eval_file=str(CONCISENESS / "test.parquet"), eval_strategy="steps", eval_steps=3)
+        tmp_path,
+        population_size=8,
+        data_batch_size=8,
+        max_steps=3,
+        max_tokens=64,
+        eval_file=str(CONCISENESS / "test.parquet"),
+        eval_strategy="steps",
+        eval_steps=3,
+    )
     sink = MemorySink()
     train(config, sink, pool=pool)
     evals = dict(sink.series(mk.reward_key(mk.EVAL)))
@@ -94,8 +106,9 @@ def test_resume_from_a_checkpoint_matches_the_uninterrupted_run(pool, vllm_engin
 
 
 def test_lbes_step_reports_filters_logprobs_and_correlations(pool, tmp_path):
-    config = conciseness_config(tmp_path, method="lbes", n=4, temperature=1.0,
-                                top_k_rewards=1, bottom_k_rewards=1)
+    config = conciseness_config(
+        tmp_path, method="lbes", n=4, temperature=1.0, top_k_rewards=1, bottom_k_rewards=1
+    )
     sink = MemorySink()
     train(config, sink, pool=pool)
     (report,) = sink.steps
@@ -104,6 +117,7 @@ def test_lbes_step_reports_filters_logprobs_and_correlations(pool, tmp_path):
     assert len(kept) == 2 * 2  # the best and the worst sample of each prompt
     assert all(s.logprob is not None and s.logprob < 0 for s in kept)
     assert {s.dropped_by for s in report.samples if not s.kept} <= {
-        "top_k_rewards+bottom_k_rewards"}
+        "top_k_rewards+bottom_k_rewards"
+    }
     assert report.metrics[mk.RETAINED_REWARD_RATIO] == 0.5
     assert all(p.fitness is None or -1 <= p.fitness <= 1 for p in report.population)

@@ -283,8 +283,7 @@ def test_a_submission_lost_with_its_ray_cluster_is_submitted_again(
     assert sqlite_store.get_run(run.id).ray_submission_id == run.uuid
 
 
-def test_a_database_password_reaches_the_job_in_a_private_file_not_its_environment(
-        monkeypatch):
+def test_a_database_password_reaches_the_job_in_a_private_file_not_its_environment(monkeypatch):
     from jobs.scheduler import _database_env
     from jobs.store.database import database_url
 

@@ -12,14 +12,27 @@ TRAIN = mk.reward_key(mk.TRAIN)
 
 
 def seed(store, name, method="es", tags=(), steps=10):
-    run = store.create_run(name=name, method=method, config={}, total_steps=steps,
-                           tags=list(tags), status=RunStatus.RUNNING)
+    run = store.create_run(
+        name=name,
+        method=method,
+        config={},
+        total_steps=steps,
+        tags=list(tags),
+        status=RunStatus.RUNNING,
+    )
     for step in range(steps):
-        store.record_step(run.id, StepReport(
-            step=step, metrics={TRAIN: 100.0 if step == 7 else float(step)},
-            population=[PopulationRecord(member=m, seed=m, fitness=float(m),
-                                         shaped_fitness=0.0) for m in range(3)],
-            wall_time=float(step)))
+        store.record_step(
+            run.id,
+            StepReport(
+                step=step,
+                metrics={TRAIN: 100.0 if step == 7 else float(step)},
+                population=[
+                    PopulationRecord(member=m, seed=m, fitness=float(m), shaped_fitness=0.0)
+                    for m in range(3)
+                ],
+                wall_time=float(step),
+            ),
+        )
     return run
 
 
@@ -32,7 +45,8 @@ def test_search_filters_sorts_and_pages(store):
     # digit, so the id search is checked for inclusion and the prefix search exactly)
     assert b.id in [r.id for r in store.search_runs(text=str(b.id))[0]]
     assert a.id not in [r.id for r in store.search_runs(text=str(b.id))[0]] or a.uuid.startswith(
-        str(b.id))
+        str(b.id)
+    )
     assert [r.id for r in store.search_runs(text=b.uuid[:12])[0]] == [b.id]
     assert [r.id for r in store.search_runs(tag="x")[0]] == [a.id]  # not "xy"
     assert [r.id for r in store.search_runs(tag="long tag")[0]] == [a.id]

@@ -49,8 +49,9 @@ def test_safe_ratio_counts_cost_at_most_zero():
 
 
 def test_lambda_steps_by_hand():
-    rule = LambdaRule(lambda_lr=0.1, lambda_min=1e-4, lambda_max=10.0, cost_threshold_d=0.5,
-                      ema_beta=0.9)
+    rule = LambdaRule(
+        lambda_lr=0.1, lambda_min=1e-4, lambda_max=10.0, cost_threshold_d=0.5, ema_beta=0.9
+    )
     state = LambdaState(value=1.0)
     # step 1: J_C = mean([1, 2]) - 0.5 = 1.0; the average starts at J_C; ln l = 0 + 0.1 * 1
     first = update_lambda(state, np.array([1.0, 2.0]), rule)

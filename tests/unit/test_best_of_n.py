@@ -14,8 +14,10 @@ def brute_force(proxy: np.ndarray, gold: np.ndarray, n: int) -> tuple[float, flo
     """Mean over prompts and over all n-subsets of the (proxy, gold) of the best by proxy."""
     proxies, golds = [], []
     for p, g in zip(proxy, gold, strict=True):
-        picks = [max(subset, key=lambda i: (p[i], i))
-                 for subset in itertools.combinations(range(len(p)), n)]
+        picks = [
+            max(subset, key=lambda i: (p[i], i))
+            for subset in itertools.combinations(range(len(p)), n)
+        ]
         proxies.append(np.mean([p[i] for i in picks]))
         golds.append(np.mean([g[i] for i in picks]))
     return float(np.mean(proxies)), float(np.mean(golds))

@@ -17,8 +17,11 @@ from engine.config import (
 from engine.fitness import SHAPERS
 from engine.schedules import SCHEDULES
 
-BASE = {"train_file": "train.parquet", "output_dir": "out",
-        "reward_func_path": "engine.rewards.countdown.compute_score"}
+BASE = {
+    "train_file": "train.parquet",
+    "output_dir": "out",
+    "reward_func_path": "engine.rewards.countdown.compute_score",
+}
 
 
 def make(**options) -> RunConfig:
@@ -40,19 +43,24 @@ def test_defaults_follow_the_reference():
     assert cfg.method == "es"
     assert cfg.model.model == "data/models/smollm2-135m-instruct"
     assert (cfg.model.dtype, cfg.model.tensor_parallel_size, cfg.model.num_engines) == (
-        "bfloat16", 1, 1)
+        "bfloat16",
+        1,
+        1,
+    )
     assert cfg.model.gpu_memory_utilization is None
     assert (cfg.sampling.n, cfg.sampling.temperature, cfg.sampling.max_tokens) == (1, 0.0, 2048)
     assert (cfg.es.population_size, cfg.es.noise_std, cfg.es.learning_rate) == (32, 1e-3, 5e-7)
-    assert (cfg.es.noise_std_scheduler_type, cfg.es.lr_scheduler_type) == ("constant",
-                                                                          "constant")
+    assert (cfg.es.noise_std_scheduler_type, cfg.es.lr_scheduler_type) == ("constant", "constant")
     assert (cfg.es.noise_std_scheduler_rate, cfg.es.lr_scheduler_power) == (0.95, 1.0)
     assert cfg.es.fitness_shaping == "zscore" and not cfg.es.antithetic
     assert (cfg.data.data_batch_size, cfg.data.num_train_epochs, cfg.data.seed) == (64, 3, 42)
     assert cfg.data.max_steps is None and cfg.data.eval_file is None
     assert cfg.lbes == LbesConfig()
     assert (cfg.eval.eval_strategy, cfg.eval.eval_before_train, cfg.eval.save_total_limit) == (
-        "no", True, 3)
+        "no",
+        True,
+        3,
+    )
     assert (cfg.logging.logging_steps, cfg.logging.run_name) == (1, None)
     assert cfg.reward.reward_func_path == "engine.rewards.countdown.compute_score"
 
@@ -84,9 +92,17 @@ def test_total_steps():
 
 
 def test_strings_are_coerced_to_the_field_type():
-    cfg = make(noise_std="1e-3", population_size="8", antithetic="true",
-               eval_before_train="False", max_steps="none", eval_file="null",
-               learning_rate="0", data_batch_size=16.0, run_name=2024)
+    cfg = make(
+        noise_std="1e-3",
+        population_size="8",
+        antithetic="true",
+        eval_before_train="False",
+        max_steps="none",
+        eval_file="null",
+        learning_rate="0",
+        data_batch_size=16.0,
+        run_name=2024,
+    )
     assert cfg.es.noise_std == 0.001 and isinstance(cfg.es.noise_std, float)
     assert cfg.es.population_size == 8 and isinstance(cfg.es.population_size, int)
     assert cfg.es.antithetic is True
@@ -97,18 +113,21 @@ def test_strings_are_coerced_to_the_field_type():
     assert cfg.logging.run_name == "2024"
 
 
-@pytest.mark.parametrize(("option", "value", "message"), [
-    ("population_size", "eight", "es.population_size must be an integer, got 'eight'"),
-    ("population_size", 8.5, "es.population_size must be an integer, got 8.5"),
-    ("population_size", True, "es.population_size must be an integer, got True"),
-    ("population_size", "none", "es.population_size must be an integer, got 'none'"),
-    ("noise_std", "small", "es.noise_std must be a finite number, got 'small'"),
-    ("noise_std", "nan", "es.noise_std must be a finite number, got 'nan'"),
-    ("antithetic", "maybe", "es.antithetic must be true or false, got 'maybe'"),
-    ("antithetic", 2, "es.antithetic must be true or false, got 2"),
-    ("model", ["a"], "model.model must be a string, got ['a'] (list)"),
-    ("model", " ", "model.model must not be empty"),
-])
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("population_size", "eight", "es.population_size must be an integer, got 'eight'"),
+        ("population_size", 8.5, "es.population_size must be an integer, got 8.5"),
+        ("population_size", True, "es.population_size must be an integer, got True"),
+        ("population_size", "none", "es.population_size must be an integer, got 'none'"),
+        ("noise_std", "small", "es.noise_std must be a finite number, got 'small'"),
+        ("noise_std", "nan", "es.noise_std must be a finite number, got 'nan'"),
+        ("antithetic", "maybe", "es.antithetic must be true or false, got 'maybe'"),
+        ("antithetic", 2, "es.antithetic must be true or false, got 2"),
+        ("model", ["a"], "model.model must be a string, got ['a'] (list)"),
+        ("model", " ", "model.model must not be empty"),
+    ],
+)
 def test_bad_types_are_named(option, value, message):
     assert problems(**{option: value})[option] == message
 
@@ -116,18 +135,21 @@ def test_bad_types_are_named(option, value, message):
 # --------------------------------------------------------------------------- ranges, choices
 
 
-@pytest.mark.parametrize(("option", "value", "message"), [
-    ("noise_std", -1, "es.noise_std must be > 0, got -1"),
-    ("noise_std", 0, "es.noise_std must be > 0, got 0"),
-    ("population_size", 1, "es.population_size must be >= 2, got 1"),
-    ("temperature", -0.5, "sampling.temperature must be >= 0, got -0.5"),
-    ("learning_rate", -1e-7, "es.learning_rate must be >= 0, got -1e-07"),
-    ("gpu_memory_utilization", 0, "model.gpu_memory_utilization must be > 0, got 0"),
-    ("gpu_memory_utilization", 1.5, "model.gpu_memory_utilization must be <= 1, got 1.5"),
-    ("noise_std_scheduler_rate", 1.2, "es.noise_std_scheduler_rate must be <= 1, got 1.2"),
-    ("save_total_limit", 0, "eval.save_total_limit must be >= 1, got 0"),
-    ("eval_steps", 0, "eval.eval_steps must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("noise_std", -1, "es.noise_std must be > 0, got -1"),
+        ("noise_std", 0, "es.noise_std must be > 0, got 0"),
+        ("population_size", 1, "es.population_size must be >= 2, got 1"),
+        ("temperature", -0.5, "sampling.temperature must be >= 0, got -0.5"),
+        ("learning_rate", -1e-7, "es.learning_rate must be >= 0, got -1e-07"),
+        ("gpu_memory_utilization", 0, "model.gpu_memory_utilization must be > 0, got 0"),
+        ("gpu_memory_utilization", 1.5, "model.gpu_memory_utilization must be <= 1, got 1.5"),
+        ("noise_std_scheduler_rate", 1.2, "es.noise_std_scheduler_rate must be <= 1, got 1.2"),
+        ("save_total_limit", 0, "eval.save_total_limit must be >= 1, got 0"),
+        ("eval_steps", 0, "eval.eval_steps must be >= 1, got 0"),
+    ],
+)
 def test_ranges(option, value, message):
     # messages show the value as converted (ints given for float options print as floats)
     got = problems(**{option: value})[option]
@@ -140,8 +162,10 @@ def test_range_message_shows_value_rule_and_field():
 
 def test_choices_are_checked_with_a_suggestion():
     msg = problems(lr_scheduler_type="cosin")["lr_scheduler_type"]
-    assert msg == ("es.lr_scheduler_type must be one of constant, linear, cosine, exponential, "
-                   "polynomial, got 'cosin': did you mean 'cosine'?")
+    assert msg == (
+        "es.lr_scheduler_type must be one of constant, linear, cosine, exponential, "
+        "polynomial, got 'cosin': did you mean 'cosine'?"
+    )
     assert "centered_rank" in problems(fitness_shaping="ranks")["fitness_shaping"]
     assert "must be one of es, lbes" in problems(method="pbes")["method"]
     assert problems(eval_strategy="step")["eval_strategy"].endswith("did you mean 'steps'?")
@@ -180,8 +204,14 @@ def test_every_problem_is_reported_at_once():
     with pytest.raises(ConfigError) as info:
         RunConfig.from_flat({"noise_sdt": 1, "population_size": 1, "temperature": -1})
     fields = [e.field for e in info.value.errors]
-    assert set(fields) == {"noise_sdt", "population_size", "temperature", "train_file",
-                           "output_dir", "reward_func_path"}
+    assert set(fields) == {
+        "noise_sdt",
+        "population_size",
+        "temperature",
+        "train_file",
+        "output_dir",
+        "reward_func_path",
+    }
     assert str(info.value).startswith("invalid configuration (6 problems):\n  - ")
     assert all(isinstance(e, FieldError) for e in info.value.errors)
 
@@ -196,51 +226,87 @@ def test_a_rule_on_an_invalid_field_is_not_reported_twice():
 LBES = {"method": "lbes"}
 
 
-@pytest.mark.parametrize(("options", "field", "text"), [
-    ({"antithetic": True, "population_size": 31}, "population_size", "must be even"),
-    ({"eval_strategy": "steps", "eval_file": "e.parquet"}, "eval_steps",
-     "eval.eval_steps must be >= 1 when eval_strategy is 'steps', got None"),
-    ({"save_strategy": "steps"}, "save_steps",
-     "eval.save_steps must be >= 1 when save_strategy is 'steps', got None"),
-    ({"eval_strategy": "epoch"}, "eval_file",
-     "data.eval_file is required when eval_strategy is 'epoch'"),
-    ({**LBES, "n": 1}, "n", "sampling.n must be >= 2 for lbes per-prompt correlation, got 1"),
-    ({**LBES, "temperature": 0}, "temperature", "must be > 0 for lbes per-prompt correlation"),
-    ({**LBES, "top_k_rewards": 9}, "top_k_rewards",
-     "lbes.top_k_rewards must be <= sampling.n (8), got 9"),
-    ({**LBES, "bottom_k_rewards": 9}, "bottom_k_rewards", "must be <= sampling.n (8)"),
-    ({**LBES, "top_k_prompt_reward_var": 65}, "top_k_prompt_reward_var",
-     "must be <= data.data_batch_size (64), got 65"),
-    ({**LBES, "flat_top_k_rewards": 513}, "flat_top_k_rewards",
-     "must be <= data_batch_size * n (512)"),
-    ({**LBES, "flat_bottom_k_rewards": 513}, "flat_bottom_k_rewards", "(512)"),
-    ({**LBES, "top_k_rewards": 1}, "top_k_rewards", "per-prompt correlation needs 2"),
-    ({**LBES, "n": 1, "flat_corrcoef": True, "data_batch_size": 1}, "data_batch_size",
-     "data.data_batch_size * sampling.n must be >= 2 for lbes, got 1 * 1"),
-    ({**LBES, "macro_advantage": True}, "macro_advantage", "only applies to method 'es'"),
-    ({"top_k_rewards": 2}, "top_k_rewards",
-     "lbes.top_k_rewards only applies to method 'lbes', got 2 with method 'es'"),
-    ({"flat_corrcoef": True}, "flat_corrcoef", "only applies to method 'lbes'"),
-    ({"reward_func_path": "compute_score"}, "reward_func_path", "must be a dotted path"),
-])
+@pytest.mark.parametrize(
+    ("options", "field", "text"),
+    [
+        ({"antithetic": True, "population_size": 31}, "population_size", "must be even"),
+        (
+            {"eval_strategy": "steps", "eval_file": "e.parquet"},
+            "eval_steps",
+            "eval.eval_steps must be >= 1 when eval_strategy is 'steps', got None",
+        ),
+        (
+            {"save_strategy": "steps"},
+            "save_steps",
+            "eval.save_steps must be >= 1 when save_strategy is 'steps', got None",
+        ),
+        (
+            {"eval_strategy": "epoch"},
+            "eval_file",
+            "data.eval_file is required when eval_strategy is 'epoch'",
+        ),
+        ({**LBES, "n": 1}, "n", "sampling.n must be >= 2 for lbes per-prompt correlation, got 1"),
+        ({**LBES, "temperature": 0}, "temperature", "must be > 0 for lbes per-prompt correlation"),
+        (
+            {**LBES, "top_k_rewards": 9},
+            "top_k_rewards",
+            "lbes.top_k_rewards must be <= sampling.n (8), got 9",
+        ),
+        ({**LBES, "bottom_k_rewards": 9}, "bottom_k_rewards", "must be <= sampling.n (8)"),
+        (
+            {**LBES, "top_k_prompt_reward_var": 65},
+            "top_k_prompt_reward_var",
+            "must be <= data.data_batch_size (64), got 65",
+        ),
+        (
+            {**LBES, "flat_top_k_rewards": 513},
+            "flat_top_k_rewards",
+            "must be <= data_batch_size * n (512)",
+        ),
+        ({**LBES, "flat_bottom_k_rewards": 513}, "flat_bottom_k_rewards", "(512)"),
+        ({**LBES, "top_k_rewards": 1}, "top_k_rewards", "per-prompt correlation needs 2"),
+        (
+            {**LBES, "n": 1, "flat_corrcoef": True, "data_batch_size": 1},
+            "data_batch_size",
+            "data.data_batch_size * sampling.n must be >= 2 for lbes, got 1 * 1",
+        ),
+        ({**LBES, "macro_advantage": True}, "macro_advantage", "only applies to method 'es'"),
+        (
+            {"top_k_rewards": 2},
+            "top_k_rewards",
+            "lbes.top_k_rewards only applies to method 'lbes', got 2 with method 'es'",
+        ),
+        ({"flat_corrcoef": True}, "flat_corrcoef", "only applies to method 'lbes'"),
+        ({"reward_func_path": "compute_score"}, "reward_func_path", "must be a dotted path"),
+    ],
+)
 def test_cross_field_rules(options, field, text):
     errs = problems(**options)
     assert field in errs, errs
     assert text in errs[field]
 
 
-@pytest.mark.parametrize("options", [
-    {"antithetic": True, "population_size": 32},
-    {"eval_strategy": "steps", "eval_steps": 5, "eval_file": "e.parquet"},
-    {"save_strategy": "steps", "save_steps": 5},
-    {"save_strategy": "epoch"},
-    {**LBES, "n": 1, "flat_corrcoef": True},
-    {**LBES, "temperature": 0, "flat_corrcoef": True},
-    {**LBES, "top_k_rewards": 1, "bottom_k_rewards": 1, "top_k_prompt_reward_var": 64,
-     "flat_top_k_rewards": 512, "exclude_same_rewards_samples": True},
-    {**LBES, "top_k_rewards": 1, "flat_corrcoef": True},
-    {**LBES, "antithetic": True},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"antithetic": True, "population_size": 32},
+        {"eval_strategy": "steps", "eval_steps": 5, "eval_file": "e.parquet"},
+        {"save_strategy": "steps", "save_steps": 5},
+        {"save_strategy": "epoch"},
+        {**LBES, "n": 1, "flat_corrcoef": True},
+        {**LBES, "temperature": 0, "flat_corrcoef": True},
+        {
+            **LBES,
+            "top_k_rewards": 1,
+            "bottom_k_rewards": 1,
+            "top_k_prompt_reward_var": 64,
+            "flat_top_k_rewards": 512,
+            "exclude_same_rewards_samples": True,
+        },
+        {**LBES, "top_k_rewards": 1, "flat_corrcoef": True},
+        {**LBES, "antithetic": True},
+    ],
+)
 def test_valid_combinations_pass(options):
     make(**options)
 
@@ -249,9 +315,16 @@ def test_valid_combinations_pass(options):
 
 
 def test_nested_and_dotted_input():
-    cfg = RunConfig.from_flat({"method": "lbes", "data": {"train_file": "t", "output_dir": "o"},
-                               "reward.reward_func_path": "a.b", "model": {"model": "m"},
-                               "es": {"noise_std": 0.01}, "top_k_rewards": 2})
+    cfg = RunConfig.from_flat(
+        {
+            "method": "lbes",
+            "data": {"train_file": "t", "output_dir": "o"},
+            "reward.reward_func_path": "a.b",
+            "model": {"model": "m"},
+            "es": {"noise_std": 0.01},
+            "top_k_rewards": 2,
+        }
+    )
     assert (cfg.data.train_file, cfg.model.model, cfg.es.noise_std) == ("t", "m", 0.01)
     assert cfg.reward.reward_func_path == "a.b" and cfg.lbes.top_k_rewards == 2
     # `model` given flat is the option, not the group
@@ -273,8 +346,17 @@ def test_group_without_a_mapping():
 
 def test_with_overrides():
     cfg = make()
-    new = cfg.with_overrides(["noise_std=2e-3", "es.population_size=8", "antithetic=true",
-                              "eval_file=", "method=lbes", "n=4", "temperature=0.5"])
+    new = cfg.with_overrides(
+        [
+            "noise_std=2e-3",
+            "es.population_size=8",
+            "antithetic=true",
+            "eval_file=",
+            "method=lbes",
+            "n=4",
+            "temperature=0.5",
+        ]
+    )
     assert (new.es.noise_std, new.es.population_size, new.es.antithetic) == (2e-3, 8, True)
     assert (new.method, new.sampling.n, new.sampling.temperature) == ("lbes", 4, 0.5)
     # the other values are kept, the original is untouched
@@ -292,8 +374,9 @@ def test_with_overrides_errors():
     with pytest.raises(ConfigError) as info:
         make().with_overrides(["noise_std", "noise_sdt=1", "population_size=1"])
     errs = {e.field: e.message for e in info.value.errors}
-    assert errs["noise_std"] == ("override 'noise_std' must look like option=value, "
-                                 "e.g. noise_std=1e-3")
+    assert errs["noise_std"] == (
+        "override 'noise_std' must look like option=value, e.g. noise_std=1e-3"
+    )
     assert "did you mean 'noise_std'" in errs["noise_sdt"]
     assert errs["population_size"] == "es.population_size must be >= 2, got 1"
 
@@ -303,9 +386,20 @@ def test_with_overrides_errors():
 
 @pytest.fixture
 def rich() -> RunConfig:
-    return make(method="lbes", n=4, top_k_rewards=1, bottom_k_rewards=1, eval_strategy="steps",
-                eval_steps=5, eval_file="e.parquet", noise_std=2e-3, lr_scheduler_type="cosine",
-                max_steps=10, run_name="no", gpu_memory_utilization=0.3)
+    return make(
+        method="lbes",
+        n=4,
+        top_k_rewards=1,
+        bottom_k_rewards=1,
+        eval_strategy="steps",
+        eval_steps=5,
+        eval_file="e.parquet",
+        noise_std=2e-3,
+        lr_scheduler_type="cosine",
+        max_steps=10,
+        run_name="no",
+        gpu_memory_utilization=0.3,
+    )
 
 
 def test_flat_and_nested_round_trip(rich):
@@ -325,20 +419,24 @@ def test_yaml_round_trip(rich, tmp_path):
 
 def test_handwritten_yaml_flat_and_nested(tmp_path):
     flat = tmp_path / "flat.yaml"
-    flat.write_text("method: lbes\ntrain_file: t.parquet\noutput_dir: out\n"
-                    "reward_func_path: engine.rewards.gsm8k.compute_score\n"
-                    "noise_std: 1e-3\neval_strategy: no\nsave_strategy: epoch\n"
-                    "flat_corrcoef: true\n")
+    flat.write_text(
+        "method: lbes\ntrain_file: t.parquet\noutput_dir: out\n"
+        "reward_func_path: engine.rewards.gsm8k.compute_score\n"
+        "noise_std: 1e-3\neval_strategy: no\nsave_strategy: epoch\n"
+        "flat_corrcoef: true\n"
+    )
     cfg = RunConfig.from_yaml(flat)
-    assert cfg.es.noise_std == 0.001          # YAML 1.1 reads 1e-3 as a string
-    assert cfg.eval.eval_strategy == "no"     # ... and `no` as false: both handled
+    assert cfg.es.noise_std == 0.001  # YAML 1.1 reads 1e-3 as a string
+    assert cfg.eval.eval_strategy == "no"  # ... and `no` as false: both handled
     assert cfg.lbes.flat_corrcoef is True and cfg.sampling.n == 8
 
     nested = tmp_path / "nested.yaml"
-    nested.write_text("method: lbes\ndata:\n  train_file: t.parquet\n  output_dir: out\n"
-                      "reward:\n  reward_func_path: engine.rewards.gsm8k.compute_score\n"
-                      "es:\n  noise_std: 1.0e-3\neval:\n  save_strategy: epoch\n"
-                      "lbes:\n  flat_corrcoef: true\n")
+    nested.write_text(
+        "method: lbes\ndata:\n  train_file: t.parquet\n  output_dir: out\n"
+        "reward:\n  reward_func_path: engine.rewards.gsm8k.compute_score\n"
+        "es:\n  noise_std: 1.0e-3\neval:\n  save_strategy: epoch\n"
+        "lbes:\n  flat_corrcoef: true\n"
+    )
     assert RunConfig.from_yaml(nested) == cfg
 
 
@@ -347,8 +445,7 @@ def test_yaml_errors_name_the_file_and_line(tmp_path):
     bad.write_text("method: es\ntrain_file: t.parquet\noutput_dir: out: x\n")
     with pytest.raises(ConfigError) as info:
         RunConfig.from_yaml(bad)
-    assert f"{bad}:3:16: YAML syntax error: mapping values are not allowed here" in str(
-        info.value)
+    assert f"{bad}:3:16: YAML syntax error: mapping values are not allowed here" in str(info.value)
 
     with pytest.raises(ConfigError, match=r"cannot read .*missing.yaml"):
         RunConfig.from_yaml(tmp_path / "missing.yaml")
@@ -371,8 +468,7 @@ def test_empty_yaml_reports_required_fields(tmp_path):
     empty.write_text("")
     with pytest.raises(ConfigError) as info:
         RunConfig.from_yaml(empty)
-    assert {e.field for e in info.value.errors} == {"train_file", "output_dir",
-                                                     "reward_func_path"}
+    assert {e.field for e in info.value.errors} == {"train_file", "output_dir", "reward_func_path"}
 
 
 # --------------------------------------------------------------------------- construction, specs
@@ -381,8 +477,7 @@ def test_empty_yaml_reports_required_fields(tmp_path):
 def test_direct_construction_is_validated():
     with pytest.raises(ConfigError) as info:
         RunConfig()
-    assert {e.field for e in info.value.errors} == {"train_file", "output_dir",
-                                                     "reward_func_path"}
+    assert {e.field for e in info.value.errors} == {"train_file", "output_dir", "reward_func_path"}
     cfg = make()
     with pytest.raises(ConfigError, match=r"es.population_size must be of type int, got '8'"):
         dataclasses.replace(cfg, es=EsConfig(population_size="8"))
@@ -397,16 +492,18 @@ def test_config_fields_cover_every_field_once():
     names = [s.name for s in specs]
     assert len(names) == len(set(names))
     from_dataclasses = {"method"} | {
-        f.name for group in dataclasses.fields(RunConfig) if group.name != "method"
-        for f in dataclasses.fields(group.default_factory())}
+        f.name
+        for group in dataclasses.fields(RunConfig)
+        if group.name != "method"
+        for f in dataclasses.fields(group.default_factory())
+    }
     assert set(names) == from_dataclasses
     assert names[0] == "method"
     for spec in specs:
         assert spec.help, spec.name
         assert spec.type in (str, int, float, bool), spec.name
         # reward_func_path is required by a rule (unless reward_source is scorer/ensemble)
-        assert spec.required == (spec.name in BASE and spec.name != "reward_func_path"), \
-            spec.name
+        assert spec.required == (spec.name in BASE and spec.name != "reward_func_path"), spec.name
         if spec.required:
             assert not spec.nullable
     by_name = {s.name: s for s in specs}

@@ -84,8 +84,7 @@ def torch_path(monkeypatch):
 
 
 @pytest.mark.parametrize("lowest", [-1, 0], ids=["some-base-tokens", "all-adapters"])
-@pytest.mark.parametrize(("dtype", "ops"), [(torch.float32, torch_ops),
-                                            (torch.bfloat16, cpu_lora)])
+@pytest.mark.parametrize(("dtype", "ops"), [(torch.float32, torch_ops), (torch.bfloat16, cpu_lora)])
 def test_fused_slices_match_vllms_shrink_and_expand_per_slice(dtype, ops, lowest, torch_path):
     """add_lora_linear (q, k, v of one layer at once) against vLLM's semantics: per slice, a
     float32 shrink, then an expand added into y's column slice; -1 tokens untouched. In bf16
@@ -120,10 +119,15 @@ def test_the_per_token_kernel_rounds_the_exact_sum_once(lowest, width):
     wide = torch.cat([y0, torch.ones(y0.shape[0], 3, dtype=y0.dtype)], 1)
     ours = _add_lora_linear(x, a, b, indices, wide, slices)
     assert cpu_lora._plan(indices).blocks == ()
+
     def lora_term(f):
-        return 0.25 * torch.cat([torch.einsum("ti,tri,tor->to", f(x), f(a_s)[indices, 0],
-                                              f(b_s)[indices, 0])
-                                 for a_s, b_s in zip(a, b, strict=True)], 1)
+        return 0.25 * torch.cat(
+            [
+                torch.einsum("ti,tri,tor->to", f(x), f(a_s)[indices, 0], f(b_s)[indices, 0])
+                for a_s, b_s in zip(a, b, strict=True)
+            ],
+            1,
+        )
 
     exact = y0.float() + lora_term(lambda t: t.float())
     magnitude = y0.float().abs() + lora_term(lambda t: t.float().abs())
@@ -180,7 +184,10 @@ def test_blocked_tokens_give_what_the_gathered_path_gives(monkeypatch):
     indices = torch.tensor([5] * 100 + [0] * 300 + [1] * 300 + [2] * 300 + [4] * 40)
     blocks, rest = cpu_lora._blocks(indices)
     assert [(blk.rows, blk.adapters.tolist(), blk.first) for blk in blocks] == [
-        (100, [5], 5), (300, [0, 1, 2], 0), (40, [4], 4)]
+        (100, [5], 5),
+        (300, [0, 1, 2], 0),
+        (40, [4], 4),
+    ]
     assert (rest == -1).all()
     x = torch.randn(indices.numel(), width, generator=g)
     y0 = torch.randn(indices.numel(), sum(slices), generator=g)
@@ -197,8 +204,10 @@ def test_blocked_tokens_give_what_the_gathered_path_gives(monkeypatch):
     assert len(cpu_lora._plan(indices).blocks) == 3
     torch.testing.assert_close(blocked, run(0))
     torch.testing.assert_close(blocked, run(2))  # two blocks, the last run gathered
-    terms = [torch.einsum("ti,tri,tor->to", x, a_s[indices, 0], b_s[indices, 0])
-             for a_s, b_s in zip(a, b, strict=True)]
+    terms = [
+        torch.einsum("ti,tri,tor->to", x, a_s[indices, 0], b_s[indices, 0])
+        for a_s, b_s in zip(a, b, strict=True)
+    ]
     expected = y0 + 0.5 * torch.cat(terms, 1)
     torch.testing.assert_close(blocked, expected, rtol=1e-4, atol=1e-4)
     a[0][0, 0, 7] = 1.0  # a slot written in place, now of rank 8

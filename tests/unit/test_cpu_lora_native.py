@@ -35,21 +35,28 @@ def test_a_failed_build_leaves_the_torch_path_and_says_why(tmp_path, monkeypatch
 
 def _case(tokens=6, adapters=3, rank=2, width=16):
     bf16 = torch.bfloat16
-    return dict(y=torch.zeros(tokens, 2 * width, dtype=bf16),
-                x=torch.randn(tokens, width).to(bf16),
-                index=torch.zeros(tokens, dtype=torch.int64),
-                a=torch.randn(adapters, 2 * rank, width).to(bf16),
-                b=torch.randn(adapters, 2 * rank, 2 * width).to(bf16),
-                bounds=torch.tensor([0, width, 2 * width]), rank=rank, scale=1.0)
+    return dict(
+        y=torch.zeros(tokens, 2 * width, dtype=bf16),
+        x=torch.randn(tokens, width).to(bf16),
+        index=torch.zeros(tokens, dtype=torch.int64),
+        a=torch.randn(adapters, 2 * rank, width).to(bf16),
+        b=torch.randn(adapters, 2 * rank, 2 * width).to(bf16),
+        bounds=torch.tensor([0, width, 2 * width]),
+        rank=rank,
+        scale=1.0,
+    )
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"index": torch.zeros(5, dtype=torch.int64)}, "mismatched shapes"),
-    ({"bounds": torch.tensor([0, 16, 40])}, "mismatched shapes"),
-    ({"x": torch.randn(6, 16)}, "must be bf16"),
-    ({"index": torch.zeros(6, dtype=torch.int32)}, "contiguous int64"),
-    ({"index": torch.tensor([0, 1, 2, 3, 0, 0])}, "adapter index 3 beyond the 3 adapters"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"index": torch.zeros(5, dtype=torch.int64)}, "mismatched shapes"),
+        ({"bounds": torch.tensor([0, 16, 40])}, "mismatched shapes"),
+        ({"x": torch.randn(6, 16)}, "must be bf16"),
+        ({"index": torch.zeros(6, dtype=torch.int32)}, "contiguous int64"),
+        ({"index": torch.tensor([0, 1, 2, 3, 0, 0])}, "adapter index 3 beyond the 3 adapters"),
+    ],
+)
 def test_inputs_the_kernel_would_misread_are_refused(change, message):
     kernel = cpu_lora_native.kernel()
     assert kernel is not None

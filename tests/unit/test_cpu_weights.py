@@ -12,7 +12,8 @@ from engine.backends.vllm.cpu import weights as cpu_weights
 ops = pytest.importorskip("vllm._custom_ops")
 needs_packing = pytest.mark.skipif(
     not hasattr(torch.ops._C, "convert_weight_packed") or not torch.cpu._is_amx_tile_supported(),
-    reason="no SGL weight packing on this machine")
+    reason="no SGL weight packing on this machine",
+)
 
 
 class Linear(torch.nn.Module):
@@ -102,8 +103,8 @@ def test_fp32_linear_rows_do_not_depend_on_the_batch():
     weight = torch.randn(1536, 576, generator=g).bfloat16()
     whole = cpu_weights._linear_in_fp32(x, weight, None)
     for start, count in [(0, 1), (3, 2), (5, 3), (7, 5), (9, 6), (11, 9), (2, 13)]:
-        part = cpu_weights._linear_in_fp32(x[start:start + count], weight, None)
-        assert torch.equal(part, whole[start:start + count]), (start, count)
+        part = cpu_weights._linear_in_fp32(x[start : start + count], weight, None)
+        assert torch.equal(part, whole[start : start + count]), (start, count)
     assert cpu_weights._linear_in_fp32(x.view(4, 10, 576), weight, None).shape == (4, 10, 1536)
 
 
@@ -118,7 +119,7 @@ def test_add_rows_adds_logical_rows_in_the_packed_layout(start, rows):
     delta = torch.randn(rows, 576)
     cpu_weights.add_rows_(live, start, delta, layout)
     expected = logical.clone()
-    expected[start:start + rows] += delta
+    expected[start : start + rows] += delta
     assert torch.equal(cpu_weights.to_logical(live, layout), expected)
     plain = logical.clone()
     cpu_weights.add_rows_(plain, start, delta, None)

@@ -19,8 +19,7 @@ def test_mean_and_min():
 def test_uwo_uses_unbiased_variance_for_training_and_ddof0_for_bon():
     # sample 0: mean 3, deviations -2, -1, 3 -> sum of squares 14: var 7 (ddof 1), 14/3 (ddof 0)
     assert combine(S, "uwo", uwo_weight=0.5)[0] == pytest.approx(3.0 - 0.5 * 7.0)
-    assert combine(S, "uwo", uwo_weight=0.5, ddof=BON_DDOF)[0] == pytest.approx(
-        3.0 - 0.5 * 14 / 3)
+    assert combine(S, "uwo", uwo_weight=0.5, ddof=BON_DDOF)[0] == pytest.approx(3.0 - 0.5 * 14 / 3)
 
 
 def test_every_method_of_one_member_equals_it_but_uwo_needs_two():

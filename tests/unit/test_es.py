@@ -27,7 +27,11 @@ def test_population_antithetic_pairs_share_a_seed():
     members = population(7, 0, 4, antithetic=True)
     s0, s1 = member_seed(7, 0, 0), member_seed(7, 0, 1)
     assert [(m.index, m.seed, m.sign) for m in members] == [
-        (0, s0, +1), (1, s0, -1), (2, s1, +1), (3, s1, -1)]
+        (0, s0, +1),
+        (1, s0, -1),
+        (2, s1, +1),
+        (3, s1, -1),
+    ]
 
 
 def test_population_refuses_odd_antithetic_and_empty():
@@ -50,8 +54,7 @@ def test_update_coefficients_reference_magnitude():
 
 
 def test_update_coefficients_lr_zero_gives_zeros():
-    assert np.array_equal(update_coefficients(np.array([1.0, -1.0]), [1, 1], 0.0, 0.1),
-                          np.zeros(2))
+    assert np.array_equal(update_coefficients(np.array([1.0, -1.0]), [1, 1], 0.0, 0.1), np.zeros(2))
 
 
 def test_update_coefficients_checks():
@@ -66,8 +69,9 @@ def test_update_terms_merge_antithetic_pairs():
     s0, s1 = members[0].seed, members[2].seed
     # A = [1, -1, 0.5, 0.5], signs [+, -, +, -], scale 1:
     # seed 0: 1 * 1 + (-1) * (-1) = 2; seed 1: 0.5 - 0.5 = 0 -> dropped
-    coefs = update_coefficients(np.array([1.0, -1.0, 0.5, 0.5]), [m.sign for m in members],
-                                0.4, 0.1)
+    coefs = update_coefficients(
+        np.array([1.0, -1.0, 0.5, 0.5]), [m.sign for m in members], 0.4, 0.1
+    )
     assert update_terms(members, coefs) == [(s0, 2.0)]
     assert s1 not in dict(update_terms(members, coefs))
 

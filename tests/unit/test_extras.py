@@ -10,8 +10,11 @@ def test_an_installed_module_is_returned():
 
 
 def test_a_missing_module_names_the_extra_and_the_command():
-    with pytest.raises(MissingExtra, match=r"the report needs the `report` extra: "
-                                           r"pip install 'eslab\[report\]' \(no_such_mod"):
+    with pytest.raises(
+        MissingExtra,
+        match=r"the report needs the `report` extra: "
+        r"pip install 'eslab\[report\]' \(no_such_mod",
+    ):
         require("no_such_module_for_eslab", "report", "the report")
 
 

@@ -42,7 +42,8 @@ def test_minus_zero_differs_from_zero_and_odd_sizes_hash():
     odd = torch.ones(7, dtype=torch.bfloat16)  # 14 bytes: 16-bit words
     assert device_hash(odd) != device_hash(torch.ones(7, dtype=torch.bfloat16) * 2)
     assert device_hash(torch.arange(5, dtype=torch.uint8)) != device_hash(
-        torch.arange(1, 6, dtype=torch.uint8))
+        torch.arange(1, 6, dtype=torch.uint8)
+    )
 
 
 def test_a_view_with_an_offset_hashes_like_its_copy():

@@ -13,14 +13,16 @@ EPS = 1e-6
 def test_zscore_uses_population_std():
     # mean 2, population std sqrt(2/3) (ddof 0, not the sample std 1)
     sd = math.sqrt(2 / 3)
-    np.testing.assert_allclose(zscore(np.array([1.0, 2.0, 3.0])),
-                               [-1 / (sd + EPS), 0.0, 1 / (sd + EPS)], rtol=1e-12)
+    np.testing.assert_allclose(
+        zscore(np.array([1.0, 2.0, 3.0])), [-1 / (sd + EPS), 0.0, 1 / (sd + EPS)], rtol=1e-12
+    )
 
 
 def test_zscore_eps_in_denominator():
     # mean 1, std 1: +-1 / (1 + eps)
-    np.testing.assert_allclose(zscore(np.array([0.0, 2.0])), [-1 / (1 + EPS), 1 / (1 + EPS)],
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        zscore(np.array([0.0, 2.0])), [-1 / (1 + EPS), 1 / (1 + EPS)], rtol=1e-12
+    )
     np.testing.assert_allclose(zscore(np.array([0.0, 2.0]), eps=1.0), [-0.5, 0.5])
 
 
@@ -43,15 +45,15 @@ def test_centered_rank_distinct():
 
 def test_centered_rank_ties_share_the_average_rank():
     # ranks 0, 1.5, 1.5, 3 over 3
-    np.testing.assert_allclose(centered_rank(np.array([1.0, 2.0, 2.0, 3.0])),
-                               [-0.5, 0.0, 0.0, 0.5])
+    np.testing.assert_allclose(centered_rank(np.array([1.0, 2.0, 2.0, 3.0])), [-0.5, 0.0, 0.0, 0.5])
 
 
 def test_centered_rank_nan_ranks_last():
     np.testing.assert_allclose(centered_rank(np.array([np.nan, 5.0, 1.0])), [-0.5, 0.5, 0.0])
     # two NaNs share ranks 0 and 1 -> 0.5; finite ranks 2, 3; all over 3
-    np.testing.assert_allclose(centered_rank(np.array([np.nan, np.nan, 1.0, 2.0])),
-                               [-1 / 3, -1 / 3, 1 / 6, 0.5])
+    np.testing.assert_allclose(
+        centered_rank(np.array([np.nan, np.nan, 1.0, 2.0])), [-1 / 3, -1 / 3, 1 / 6, 0.5]
+    )
 
 
 def test_centered_rank_all_equal_and_singleton():
@@ -78,8 +80,9 @@ def test_macro_zscore_shapes_each_sample_across_the_population():
     # rewards [members=2, prompts=1, samples=2]
     rewards = np.array([[[1.0, 0.0]], [[3.0, 0.0]]])
     # sample 0: [1, 3] -> -+1/(1+eps); sample 1: [0, 0] -> 0; mean over samples
-    np.testing.assert_allclose(macro_shape_fitness("zscore", rewards),
-                               [-0.5 / (1 + EPS), 0.5 / (1 + EPS)], rtol=1e-12)
+    np.testing.assert_allclose(
+        macro_shape_fitness("zscore", rewards), [-0.5 / (1 + EPS), 0.5 / (1 + EPS)], rtol=1e-12
+    )
 
 
 def test_macro_centered_rank():

@@ -62,8 +62,11 @@ VAR_REWARDS = [[1, 0, 1, 0], [1, 1, 1, 1], [0, 0.5, 1, 0], [2, 0, 0, 0]]
 
 
 def test_top_k_prompt_reward_var_keeps_the_most_varied_prompts():
-    result = filter_rewards(np.array(VAR_REWARDS), LbesConfig(top_k_prompt_reward_var=2),
-                            tb(prompt_var=[0.5, 0.5, 0.5, 0.5]))
+    result = filter_rewards(
+        np.array(VAR_REWARDS),
+        LbesConfig(top_k_prompt_reward_var=2),
+        tb(prompt_var=[0.5, 0.5, 0.5, 0.5]),
+    )
     assert kept(result) == [[1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
     assert set(result.dropped_by[1]) == set(result.dropped_by[2]) == {"top_k_prompt_reward_var"}
     assert result.retained_prompt_ratio == 0.5
@@ -73,14 +76,18 @@ def test_top_k_prompt_reward_var_keeps_the_most_varied_prompts():
 @pytest.mark.parametrize(("draws", "winner"), [([0.9, 0.1, 0.5], 0), ([0.1, 0.9, 0.5], 1)])
 def test_top_k_prompt_reward_var_tie_goes_to_the_larger_draw(draws, winner):
     # prompts 0 and 1 tie at variance 0.25; prompt 2 has variance 0
-    result = filter_rewards(np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 0.0]]),
-                            LbesConfig(top_k_prompt_reward_var=1), tb(prompt_var=draws))
+    result = filter_rewards(
+        np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 0.0]]),
+        LbesConfig(top_k_prompt_reward_var=1),
+        tb(prompt_var=draws),
+    )
     assert result.kept_prompts.tolist() == [i == winner for i in range(3)]
 
 
 def test_top_k_prompt_reward_var_larger_than_batch_keeps_all():
-    result = filter_rewards(np.array([[0.0, 1.0]]), LbesConfig(top_k_prompt_reward_var=5),
-                            tb(prompt_var=[0.3]))
+    result = filter_rewards(
+        np.array([[0.0, 1.0]]), LbesConfig(top_k_prompt_reward_var=5), tb(prompt_var=[0.3])
+    )
     assert result.kept.all()
 
 
@@ -91,8 +98,12 @@ def test_top_k_rewards_ties_keep_the_later_sample():
     # stable ascending order of [1, 3, 3, 2]: 0, 3, 1, 2 -> top-1 is index 2
     result = run([[1, 3, 3, 2]], top_k_rewards=1)
     assert kept(result) == [[0, 0, 1, 0]]
-    assert result.dropped_by[0].tolist() == ["top_k_rewards", "top_k_rewards", None,
-                                             "top_k_rewards"]
+    assert result.dropped_by[0].tolist() == [
+        "top_k_rewards",
+        "top_k_rewards",
+        None,
+        "top_k_rewards",
+    ]
     assert kept(run([[1, 3, 3, 2]], top_k_rewards=2)) == [[0, 1, 1, 0]]
 
 
@@ -147,12 +158,18 @@ def test_exclude_same_rewards_keeps_a_prompt_with_one_sample_left():
 def test_exclude_same_rewards_looks_at_kept_samples_only():
     # [3, 9, 3]: stable order 0, 2, 1 -> top-1 is 1, bottom-1 is 0: rewards 9 and 3 differ.
     # [3, 3, 3]: top-1 is 2, bottom-1 is 0: both 3, so the prompt is dropped.
-    result = run([[3, 9, 3], [3, 3, 3]], top_k_rewards=1, bottom_k_rewards=1,
-                 exclude_same_rewards_samples=True)
+    result = run(
+        [[3, 9, 3], [3, 3, 3]],
+        top_k_rewards=1,
+        bottom_k_rewards=1,
+        exclude_same_rewards_samples=True,
+    )
     assert kept(result) == [[1, 1, 0], [0, 0, 0]]
-    assert result.dropped_by[1].tolist() == ["exclude_same_rewards_samples",
-                                             "top_k_rewards+bottom_k_rewards",
-                                             "exclude_same_rewards_samples"]
+    assert result.dropped_by[1].tolist() == [
+        "exclude_same_rewards_samples",
+        "top_k_rewards+bottom_k_rewards",
+        "exclude_same_rewards_samples",
+    ]
 
 
 # --------------------------------------------------------------------------- 4. flat k
@@ -160,50 +177,59 @@ def test_exclude_same_rewards_looks_at_kept_samples_only():
 
 def test_flat_top_k_and_bottom_k():
     rewards = np.array([[0.0, 3.0], [1.0, 2.0], [5.0, 4.0]])
-    result = filter_rewards(rewards, LbesConfig(flat_top_k_rewards=2),
-                            tb(flat=[0.5] * 6))
+    result = filter_rewards(rewards, LbesConfig(flat_top_k_rewards=2), tb(flat=[0.5] * 6))
     assert kept(result) == [[0, 0], [0, 0], [1, 1]]
     assert result.dropped_by[0, 1] == "flat_top_k_rewards"
     assert result.retained_prompt_ratio == pytest.approx(1 / 3)
     assert result.retained_reward_ratio == pytest.approx(2 / 6)
 
-    both = filter_rewards(rewards, LbesConfig(flat_top_k_rewards=1, flat_bottom_k_rewards=1),
-                          tb(flat=[0.5] * 6))
+    both = filter_rewards(
+        rewards, LbesConfig(flat_top_k_rewards=1, flat_bottom_k_rewards=1), tb(flat=[0.5] * 6)
+    )
     assert kept(both) == [[1, 0], [0, 0], [1, 0]]
     assert both.dropped_by[1, 0] == "flat_top_k_rewards+flat_bottom_k_rewards"
     assert both.retained_prompt_ratio == pytest.approx(2 / 3)
 
 
-@pytest.mark.parametrize(("draws", "expected"), [
-    # values row-major [1, 1, 1, 0]; among the 1s the largest draw is kept
-    ([0.3, 0.8, 0.1, 0.5], [[0, 1], [0, 0]]),
-    ([0.9, 0.8, 0.1, 0.5], [[1, 0], [0, 0]]),
-    ([0.3, 0.2, 0.4, 0.0], [[0, 0], [1, 0]]),
-])
+@pytest.mark.parametrize(
+    ("draws", "expected"),
+    [
+        # values row-major [1, 1, 1, 0]; among the 1s the largest draw is kept
+        ([0.3, 0.8, 0.1, 0.5], [[0, 1], [0, 0]]),
+        ([0.9, 0.8, 0.1, 0.5], [[1, 0], [0, 0]]),
+        ([0.3, 0.2, 0.4, 0.0], [[0, 0], [1, 0]]),
+    ],
+)
 def test_flat_top_k_tie_goes_to_the_larger_draw(draws, expected):
-    result = filter_rewards(np.array([[1.0, 1.0], [1.0, 0.0]]), LbesConfig(flat_top_k_rewards=1),
-                            tb(flat=draws))
+    result = filter_rewards(
+        np.array([[1.0, 1.0], [1.0, 0.0]]), LbesConfig(flat_top_k_rewards=1), tb(flat=draws)
+    )
     assert kept(result) == expected
 
 
 def test_filters_apply_in_reference_order():
     # top-1 per prompt keeps (0,1)=2 and (1,1)=3 (stable: later of the tied 3s); the flat
     # bottom-1 then sees only those two (2 draws) and keeps 2; prompt 1 ends up empty.
-    result = filter_rewards(np.array([[1.0, 2.0], [3.0, 3.0]]),
-                            LbesConfig(top_k_rewards=1, flat_bottom_k_rewards=1),
-                            tb(flat=[0.5, 0.5]))
+    result = filter_rewards(
+        np.array([[1.0, 2.0], [3.0, 3.0]]),
+        LbesConfig(top_k_rewards=1, flat_bottom_k_rewards=1),
+        tb(flat=[0.5, 0.5]),
+    )
     assert kept(result) == [[0, 1], [0, 0]]
-    assert result.dropped_by.tolist() == [["top_k_rewards", None],
-                                          ["top_k_rewards", "flat_bottom_k_rewards"]]
+    assert result.dropped_by.tolist() == [
+        ["top_k_rewards", None],
+        ["top_k_rewards", "flat_bottom_k_rewards"],
+    ]
     assert result.retained_prompt_ratio == 0.5
     assert result.retained_reward_ratio == 0.25
 
 
 def test_prompt_var_drop_is_not_overwritten_by_later_filters():
-    result = filter_rewards(np.array(VAR_REWARDS),
-                            LbesConfig(top_k_prompt_reward_var=1, top_k_rewards=1,
-                                       exclude_same_rewards_samples=True),
-                            tb(prompt_var=[0.5] * 4))
+    result = filter_rewards(
+        np.array(VAR_REWARDS),
+        LbesConfig(top_k_prompt_reward_var=1, top_k_rewards=1, exclude_same_rewards_samples=True),
+        tb(prompt_var=[0.5] * 4),
+    )
     # prompt 3 (variance 0.75) survives, keeping its top sample (index 0, reward 2)
     assert kept(result) == [[0] * 4, [0] * 4, [0] * 4, [1, 0, 0, 0]]
     assert set(result.dropped_by[1]) == {"top_k_prompt_reward_var"}
@@ -214,9 +240,11 @@ def test_prompt_var_drop_is_not_overwritten_by_later_filters():
 
 
 def test_everything_filtered_is_empty_and_flat_filter_draws_nothing():
-    result = filter_rewards(np.array([[1.0, 1.0], [2.0, 2.0]]),
-                            LbesConfig(exclude_same_rewards_samples=True, flat_top_k_rewards=1),
-                            tb())  # FixedDraws(None) fails if the flat filter draws
+    result = filter_rewards(
+        np.array([[1.0, 1.0], [2.0, 2.0]]),
+        LbesConfig(exclude_same_rewards_samples=True, flat_top_k_rewards=1),
+        tb(),
+    )  # FixedDraws(None) fails if the flat filter draws
     assert result.is_empty
     assert result.retained_prompt_ratio == 0.0
     assert result.retained_reward_ratio == 0.0
@@ -232,12 +260,18 @@ def test_bad_reward_matrices_are_refused():
 
 def test_reference_tiebreak_seeds_like_the_reference():
     draws = reference_tiebreak(42, 7)
-    assert draws.prompt_var.random() == np.random.default_rng(
-        derive_seed(42, 7, "prompt_reward_var_tiebreak")).random()
-    assert draws.flat.random() == np.random.default_rng(
-        derive_seed(42, 7, "flat_reward_tiebreak")).random()
-    assert reference_tiebreak(42, 8).flat.random() != np.random.default_rng(
-        derive_seed(42, 7, "flat_reward_tiebreak")).random()
+    assert (
+        draws.prompt_var.random()
+        == np.random.default_rng(derive_seed(42, 7, "prompt_reward_var_tiebreak")).random()
+    )
+    assert (
+        draws.flat.random()
+        == np.random.default_rng(derive_seed(42, 7, "flat_reward_tiebreak")).random()
+    )
+    assert (
+        reference_tiebreak(42, 8).flat.random()
+        != np.random.default_rng(derive_seed(42, 7, "flat_reward_tiebreak")).random()
+    )
 
 
 # --------------------------------------------------------------------------- correlation
@@ -248,8 +282,9 @@ ALL = np.ones((1, 3), dtype=bool)
 def test_pearson_hand_computed():
     # x = [1, 2, 3], y = [1, 3, 2]: centred [-1, 0, 1] and [-1, 1, 0]: 1 / (sqrt2 * sqrt2)
     for flat in (True, False):
-        assert correlation(np.array([[1.0, 2.0, 3.0]]), np.array([[1.0, 3.0, 2.0]]), ALL,
-                           flat) == pytest.approx(0.5)
+        assert correlation(
+            np.array([[1.0, 2.0, 3.0]]), np.array([[1.0, 3.0, 2.0]]), ALL, flat
+        ) == pytest.approx(0.5)
 
 
 TWO_PROMPTS_R = np.array([[1.0, 2.0, 3.0], [0.0, 0.0, 1.0]])
@@ -258,15 +293,17 @@ TWO_PROMPTS_LL = np.array([[1.0, 3.0, 2.0], [5.0, 1.0, 3.0]])
 
 def test_per_prompt_correlation_is_the_mean_over_prompts():
     # prompt 0: 0.5; prompt 1: centred [-1/3, -1/3, 2/3] and [2, -2, 0]: numerator 0 -> 0
-    assert correlation(TWO_PROMPTS_R, TWO_PROMPTS_LL, np.ones((2, 3), bool),
-                       flat=False) == pytest.approx(0.25)
+    assert correlation(
+        TWO_PROMPTS_R, TWO_PROMPTS_LL, np.ones((2, 3), bool), flat=False
+    ) == pytest.approx(0.25)
 
 
 def test_flat_correlation_pools_all_samples():
     # x mean 7/6, y mean 5/2; sum xc*yc = -1.5, sum xc^2 = 246/36, sum yc^2 = 11.5
     expected = -1.5 / math.sqrt(246 / 36 * 11.5)
-    assert correlation(TWO_PROMPTS_R, TWO_PROMPTS_LL, np.ones((2, 3), bool),
-                       flat=True) == pytest.approx(expected)
+    assert correlation(
+        TWO_PROMPTS_R, TWO_PROMPTS_LL, np.ones((2, 3), bool), flat=True
+    ) == pytest.approx(expected)
 
 
 def test_zero_variance_prompt_is_nan_and_skipped():
@@ -293,9 +330,13 @@ def test_only_kept_samples_count():
 
 def test_member_correlations_and_their_advantages():
     r = np.array([[1.0, 2.0, 3.0], [1.0, 1.0, 1.0]])
-    logliks = np.array([[[1.0, 3.0, 2.0], [0.0, 1.0, 2.0]],   # 0.5 (prompt 1 NaN)
-                        [[3.0, 1.0, 2.0], [0.0, 1.0, 2.0]],   # -0.5
-                        [[1.0, 1.0, 1.0], [0.0, 1.0, 2.0]]])  # NaN everywhere
+    logliks = np.array(
+        [
+            [[1.0, 3.0, 2.0], [0.0, 1.0, 2.0]],  # 0.5 (prompt 1 NaN)
+            [[3.0, 1.0, 2.0], [0.0, 1.0, 2.0]],  # -0.5
+            [[1.0, 1.0, 1.0], [0.0, 1.0, 2.0]],
+        ]
+    )  # NaN everywhere
     corr = member_correlations(r, logliks, np.ones((2, 3), bool), flat=False)
     np.testing.assert_allclose(corr[:2], [0.5, -0.5])
     assert math.isnan(corr[2])
@@ -313,6 +354,13 @@ def test_two_samples_a_prompt_correlate_within_one():
     """Two points correlate exactly +-1; the raw quotient overshoots for about a fifth of
     random pairs (1.0000000000000002), which the fitness range must not show."""
     rng = np.random.default_rng(0)
-    values = [correlation(rng.normal(size=(1, 2)), rng.normal(size=(1, 2)) * 37.0,
-                          np.ones((1, 2), dtype=bool), flat=False) for _ in range(200)]
+    values = [
+        correlation(
+            rng.normal(size=(1, 2)),
+            rng.normal(size=(1, 2)) * 37.0,
+            np.ones((1, 2), dtype=bool),
+            flat=False,
+        )
+        for _ in range(200)
+    ]
     assert all(1.0 - 1e-12 < abs(v) <= 1.0 for v in values)

@@ -40,8 +40,10 @@ def test_parse_modules_and_layers():
 
 def test_find_targets_selects_modules_and_layers_sorted():
     targets = lora.find_targets(SPECS, ("q_proj", "down_proj"), (1,))
-    assert [t.name for t in targets] == ["model.layers.1.mlp.down_proj",
-                                         "model.layers.1.self_attn.q_proj"]
+    assert [t.name for t in targets] == [
+        "model.layers.1.mlp.down_proj",
+        "model.layers.1.self_attn.q_proj",
+    ]
     assert targets[0] == DOWN1
     assert len(lora.find_targets(SPECS, ("q_proj",), None)) == 2
     with pytest.raises(ValueError, match="gate_proj"):
@@ -70,8 +72,10 @@ def test_antithetic_members_differ_only_in_sign_and_scale_by_layer():
 
 
 def test_layer_scales_are_mean_abs_of_the_layer_targets():
-    weights = {"model.layers.0.self_attn.q_proj.weight": torch.full((8, 8), -2.0),
-               "model.layers.0.mlp.down_proj.weight": torch.full((8, 12), 4.0)}
+    weights = {
+        "model.layers.0.self_attn.q_proj.weight": torch.full((8, 8), -2.0),
+        "model.layers.0.mlp.down_proj.weight": torch.full((8, 12), 4.0),
+    }
     targets = [Q0, LoraTarget("model.layers.0.mlp.down_proj", 0, "down_proj", 12, 8)]
     assert lora.layer_scales(weights, targets, "layer") == {0: 3.0}
     assert lora.layer_scales(weights, targets, "none") == {0: 1.0}
@@ -92,8 +96,9 @@ def test_trained_adapter_keeps_the_best_rank_r_approximation():
     adapter = lora.TrainedAdapter([DOWN1], rank=2)
     scales = {1: 1.0}
     adapter.add([3], [0.7], scales)  # one rank-2 term: kept exactly
-    torch.testing.assert_close(adapter.delta(DOWN1.name),
-                               lora.dense_update([3], [0.7], DOWN1, 2, 1.0))
+    torch.testing.assert_close(
+        adapter.delta(DOWN1.name), lora.dense_update([3], [0.7], DOWN1, 2, 1.0)
+    )
     adapter.add([4, 5], [0.3, -0.2], scales)  # rank 6 in total: truncated to 2
     full = lora.dense_update([3, 4, 5], [0.7, 0.3, -0.2], DOWN1, 2, 1.0)
     u, s, vh = torch.linalg.svd(full)
@@ -119,8 +124,9 @@ def test_members_stack_their_seeds_factors_scaled_behind_the_trained_adapter():
 
 def test_written_adapter_is_peft_format_and_folds_alpha_into_b(tmp_path):
     a, b = lora.perturbation(5, 0.1, Q0, 2, 1.0)
-    folder = lora.write_adapter(tmp_path / "ad", {Q0.name: (a, b)}, rank=2, alpha=8.0,
-                                base_model="m")
+    folder = lora.write_adapter(
+        tmp_path / "ad", {Q0.name: (a, b)}, rank=2, alpha=8.0, base_model="m"
+    )
     config = json.loads((folder / lora.ADAPTER_CONFIG).read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 2 and config["lora_alpha"] == 8.0
     assert config["target_modules"] == ["q_proj"] and config["layers_to_transform"] == [0]
@@ -134,10 +140,16 @@ def test_a_model_folder_without_weights_is_a_clear_error(tmp_path):
     from engine.config import RunConfig
     from engine.lowrank.population import LoraPopulation
 
-    config = RunConfig.from_flat({"method": "es", "perturbation": "lora",
-                                  "model": str(tmp_path), "train_file": "x.parquet",
-                                  "output_dir": str(tmp_path / "out"),
-                                  "reward_func_path": "engine.rewards.conciseness.compute_score"})
+    config = RunConfig.from_flat(
+        {
+            "method": "es",
+            "perturbation": "lora",
+            "model": str(tmp_path),
+            "train_file": "x.parquet",
+            "output_dir": str(tmp_path / "out"),
+            "reward_func_path": "engine.rewards.conciseness.compute_score",
+        }
+    )
     with pytest.raises(ValueError, match=r"model: no safetensors weights in .*lora mode"):
         LoraPopulation(config, tmp_path)
 

@@ -96,8 +96,12 @@ def test_a_run_on_a_hub_model_starts_from_the_downloaded_folder(monkeypatch, tmp
 
     snapshot = make_model_folder(tmp_path / "snapshot")
     monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, **kw: str(snapshot))
-    required = {"method": "es", "train_file": "train.parquet", "output_dir": "out",
-                "reward_func_path": "engine.rewards.conciseness.compute_score"}
+    required = {
+        "method": "es",
+        "train_file": "train.parquet",
+        "output_dir": "out",
+        "reward_func_path": "engine.rewards.conciseness.compute_score",
+    }
     config = RunConfig.from_flat({**required, "model": "some-org/tiny-model"})
     assert model_folder(config) == snapshot
     local = RunConfig.from_flat({**required, "model": str(tmp_path)})

@@ -14,8 +14,10 @@ from engine.scoring.sources import RewardSources, member_name
 from tests.integration.scorers import stub_scorer
 
 CONCISE = "engine.rewards.conciseness.compute_score"
-PROMPTS = [[{"role": "system", "content": "be nice"}, {"role": "user", "content": "q1"}],
-           [{"role": "user", "content": "q2"}]]
+PROMPTS = [
+    [{"role": "system", "content": "be nice"}, {"role": "user", "content": "q1"}],
+    [{"role": "user", "content": "q2"}],
+]
 OUTPUTS = [[Completion("ab", 2, True)], [Completion("abcd", 4, False)]]
 ARGS = [{"target": "abc"}, {"target": "a"}]
 
@@ -33,9 +35,13 @@ def test_a_plain_run_has_no_sources():
 
 
 def test_ensemble_of_functions_combines_and_reports_each_member():
-    sources = RewardSources.from_config(config(
-        reward_source="ensemble", ensemble_members=f"{CONCISE}, {__name__}.length",
-        ensemble_method="min"))
+    sources = RewardSources.from_config(
+        config(
+            reward_source="ensemble",
+            ensemble_members=f"{CONCISE}, {__name__}.length",
+            ensemble_method="min",
+        )
+    )
     assert sources.member_names() == ["conciseness", "length"]
     batch = sources.score(OUTPUTS, PROMPTS, ARGS, "test")
     # conciseness: -|2-3| = -1, -|4-1| = -3; length: 2, 4; min: -1, -3
@@ -81,5 +87,4 @@ def test_config_rules_for_sources():
     with pytest.raises(ConfigError, match="lambda_min must be <= lambda_max"):
         config(reward_func_path=CONCISE, lambda_min=2.0, lambda_max=1.0)
     with pytest.raises(ConfigError, match="only applies to method 'es'"):
-        config(method="lbes", n=2, temperature=1.0, reward_func_path=CONCISE,
-               scorer_url="http://x")
+        config(method="lbes", n=2, temperature=1.0, reward_func_path=CONCISE, scorer_url="http://x")

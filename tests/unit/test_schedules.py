@@ -16,11 +16,17 @@ def test_constant_ignores_step_and_final(step):
     assert schedule_value("constant", 2.0, 0.5, step, 4) == 2.0
 
 
-@pytest.mark.parametrize(("step", "expected"), [
-    (0, 1.0), (1, 0.75), (2, 0.5), (3, 0.25),
-    (4, 0.0),   # at total_steps: held at final
-    (9, 0.0),   # past the end
-])
+@pytest.mark.parametrize(
+    ("step", "expected"),
+    [
+        (0, 1.0),
+        (1, 0.75),
+        (2, 0.5),
+        (3, 0.25),
+        (4, 0.0),  # at total_steps: held at final
+        (9, 0.0),  # past the end
+    ],
+)
 def test_linear(step, expected):
     assert schedule_value("linear", 1.0, 0.0, step, 4) == pytest.approx(expected)
 
@@ -31,14 +37,17 @@ def test_linear_towards_a_nonzero_final():
     assert schedule_value("linear", 1.0, 0.2, 5, 4) == 0.2
 
 
-@pytest.mark.parametrize(("step", "expected"), [
-    (0, 1.0),
-    (1, 0.5 * (1 + math.cos(math.pi / 4))),  # 0.853553...
-    (2, 0.5),
-    (3, 0.5 * (1 + math.cos(3 * math.pi / 4))),  # 0.146446...
-    (4, 0.0),
-    (7, 0.0),
-])
+@pytest.mark.parametrize(
+    ("step", "expected"),
+    [
+        (0, 1.0),
+        (1, 0.5 * (1 + math.cos(math.pi / 4))),  # 0.853553...
+        (2, 0.5),
+        (3, 0.5 * (1 + math.cos(3 * math.pi / 4))),  # 0.146446...
+        (4, 0.0),
+        (7, 0.0),
+    ],
+)
 def test_cosine(step, expected):
     assert schedule_value("cosine", 1.0, 0.0, step, 4) == pytest.approx(expected)
 
@@ -58,9 +67,17 @@ def test_exponential_default_rate_is_the_reference_095():
     assert schedule_value("exponential", 2.0, 0.0, 2, 10) == pytest.approx(2.0 * 0.9025)
 
 
-@pytest.mark.parametrize(("step", "expected"), [
-    (0, 1.0), (1, 0.5625), (2, 0.25), (3, 0.0625), (4, 0.0), (6, 0.0),
-])
+@pytest.mark.parametrize(
+    ("step", "expected"),
+    [
+        (0, 1.0),
+        (1, 0.5625),
+        (2, 0.25),
+        (3, 0.0625),
+        (4, 0.0),
+        (6, 0.0),
+    ],
+)
 def test_polynomial_power_two(step, expected):
     # (1 - step/4)**2
     assert schedule_value("polynomial", 1.0, 0.0, step, 4, power=2.0) == pytest.approx(expected)
@@ -69,7 +86,8 @@ def test_polynomial_power_two(step, expected):
 def test_polynomial_power_one_is_linear():
     for step in range(6):
         assert schedule_value("polynomial", 3.0, 1.0, step, 4) == pytest.approx(
-            schedule_value("linear", 3.0, 1.0, step, 4))
+            schedule_value("linear", 3.0, 1.0, step, 4)
+        )
 
 
 def test_zero_total_steps_holds_final():
@@ -78,8 +96,7 @@ def test_zero_total_steps_holds_final():
 
 def test_planned_schedule_lists_every_step():
     assert planned_schedule("linear", 1.0, 0.0, 4) == pytest.approx([1.0, 0.75, 0.5, 0.25])
-    assert planned_schedule("exponential", 1.0, 0.0, 3, rate=0.5) == pytest.approx(
-        [1.0, 0.5, 0.25])
+    assert planned_schedule("exponential", 1.0, 0.0, 3, rate=0.5) == pytest.approx([1.0, 0.5, 0.25])
     assert planned_schedule("cosine", 1.0, 0.0, 0) == []
 
 

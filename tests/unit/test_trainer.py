@@ -103,18 +103,31 @@ def raising_reward(completion_text: str, **kwargs):
 
 @pytest.fixture
 def dataset(tmp_path):
-    examples = [Example(prompt=[{"role": "user", "content": f"question {i}"}],
-                        reward_func_args={"target": "ok"}) for i in range(8)]
+    examples = [
+        Example(
+            prompt=[{"role": "user", "content": f"question {i}"}], reward_func_args={"target": "ok"}
+        )
+        for i in range(8)
+    ]
     return str(write_dataset(examples, tmp_path / "train.parquet"))
 
 
 def make_config(dataset, tmp_path, **options):
-    base = {"method": "es", "train_file": dataset, "eval_file": dataset,
-            "output_dir": str(tmp_path / "out"),
-            "reward_func_path": "engine.rewards.conciseness.compute_score",
-            "population_size": 8, "noise_std": 0.05, "learning_rate": 0.02,
-            "data_batch_size": 4, "max_steps": 10, "max_tokens": 64,
-            "eval_strategy": "steps", "eval_steps": 5}
+    base = {
+        "method": "es",
+        "train_file": dataset,
+        "eval_file": dataset,
+        "output_dir": str(tmp_path / "out"),
+        "reward_func_path": "engine.rewards.conciseness.compute_score",
+        "population_size": 8,
+        "noise_std": 0.05,
+        "learning_rate": 0.02,
+        "data_batch_size": 4,
+        "max_steps": 10,
+        "max_tokens": 64,
+        "eval_strategy": "steps",
+        "eval_steps": 5,
+    }
     return RunConfig.from_flat({**base, **options})
 
 
@@ -134,12 +147,14 @@ def test_es_on_the_toy_engine_raises_the_eval_reward(dataset, tmp_path):
 
 def test_resuming_from_a_checkpoint_gives_the_same_metrics(dataset, tmp_path):
     straight = MemorySink()
-    train(make_config(dataset, tmp_path / "a", max_steps=6, save_strategy="steps",
-                      save_steps=3), straight, pool=ToyPool())
+    train(
+        make_config(dataset, tmp_path / "a", max_steps=6, save_strategy="steps", save_steps=3),
+        straight,
+        pool=ToyPool(),
+    )
 
     first = MemorySink()
-    config = make_config(dataset, tmp_path / "b", max_steps=6, save_strategy="steps",
-                         save_steps=3)
+    config = make_config(dataset, tmp_path / "b", max_steps=6, save_strategy="steps", save_steps=3)
     train(config.with_overrides(["max_steps=3"]), first, pool=ToyPool())
     checkpoint = tmp_path / "b" / "out" / "checkpoint-3"
     assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == 3
@@ -148,22 +163,32 @@ def test_resuming_from_a_checkpoint_gives_the_same_metrics(dataset, tmp_path):
 
     key = mk.reward_key(mk.TRAIN)
     assert straight.series(key) == first.series(key) + resumed.series(key)
-    assert straight.series(mk.reward_key(mk.EVAL))[-1] == resumed.series(
-        mk.reward_key(mk.EVAL))[-1]
+    assert straight.series(mk.reward_key(mk.EVAL))[-1] == resumed.series(mk.reward_key(mk.EVAL))[-1]
 
 
 def test_save_total_limit_keeps_the_newest_checkpoints(dataset, tmp_path):
     sink = MemorySink()
-    train(make_config(dataset, tmp_path, max_steps=5, save_strategy="steps", save_steps=1,
-                      save_total_limit=2), sink, pool=ToyPool())
-    assert [p.name for p in list_checkpoints(tmp_path / "out")] == ["checkpoint-4",
-                                                                   "checkpoint-5"]
+    train(
+        make_config(
+            dataset, tmp_path, max_steps=5, save_strategy="steps", save_steps=1, save_total_limit=2
+        ),
+        sink,
+        pool=ToyPool(),
+    )
+    assert [p.name for p in list_checkpoints(tmp_path / "out")] == ["checkpoint-4", "checkpoint-5"]
     assert [s for s, _ in sink.checkpoints] == [1, 2, 3, 4, 5]
 
 
 def test_lbes_skips_steps_whose_samples_all_tie_and_gives_up_after_an_epoch(dataset, tmp_path):
-    config = make_config(dataset, tmp_path, method="lbes", n=2, temperature=1.0,
-                         exclude_same_rewards_samples=True, eval_strategy="no")
+    config = make_config(
+        dataset,
+        tmp_path,
+        method="lbes",
+        n=2,
+        temperature=1.0,
+        exclude_same_rewards_samples=True,
+        eval_strategy="no",
+    )
     sink = MemorySink()
     with pytest.raises(RuntimeError, match="whole epoch"):
         train(config, sink, pool=ToyPool())
@@ -172,8 +197,16 @@ def test_lbes_skips_steps_whose_samples_all_tie_and_gives_up_after_an_epoch(data
 
 
 def test_lbes_reports_every_base_sample_with_its_filter(dataset, tmp_path):
-    config = make_config(dataset, tmp_path, method="lbes", n=2, temperature=1.0,
-                         eval_strategy="no", max_steps=1, flat_top_k_rewards=3)
+    config = make_config(
+        dataset,
+        tmp_path,
+        method="lbes",
+        n=2,
+        temperature=1.0,
+        eval_strategy="no",
+        max_steps=1,
+        flat_top_k_rewards=3,
+    )
     sink = MemorySink()
     train(config, sink, pool=ToyPool())
     (report,) = sink.steps
@@ -184,8 +217,9 @@ def test_lbes_reports_every_base_sample_with_its_filter(dataset, tmp_path):
 
 
 def test_a_failing_reward_function_stops_the_run_naming_it(dataset, tmp_path):
-    config = make_config(dataset, tmp_path,
-                         reward_func_path="tests.unit.test_trainer.raising_reward")
+    config = make_config(
+        dataset, tmp_path, reward_func_path="tests.unit.test_trainer.raising_reward"
+    )
     with pytest.raises(RewardError, match="raising_reward raised ValueError: boom"):
         train(config, MemorySink(), pool=ToyPool())
 
@@ -195,12 +229,20 @@ def test_a_stop_request_saves_a_checkpoint_and_resume_continues(dataset, tmp_pat
 
     sink = MemorySink()
     with pytest.raises(TrainingStopped, match="after step 2"):
-        train(make_config(dataset, tmp_path, max_steps=4, eval_strategy="no"), sink,
-              pool=ToyPool(), should_stop=lambda: len(sink.steps) >= 2)
+        train(
+            make_config(dataset, tmp_path, max_steps=4, eval_strategy="no"),
+            sink,
+            pool=ToyPool(),
+            should_stop=lambda: len(sink.steps) >= 2,
+        )
     assert [s for s, _ in sink.checkpoints] == [2]
     resumed = MemorySink()
-    train(make_config(dataset, tmp_path, max_steps=4, eval_strategy="no"), resumed,
-          pool=ToyPool(), resume_from=tmp_path / "out" / "checkpoint-2")
+    train(
+        make_config(dataset, tmp_path, max_steps=4, eval_strategy="no"),
+        resumed,
+        pool=ToyPool(),
+        resume_from=tmp_path / "out" / "checkpoint-2",
+    )
     assert [r.step for r in resumed.steps] == [3, 4]
 
 
@@ -210,7 +252,11 @@ def test_a_stop_during_a_step_checkpoints_the_last_finished_step(dataset, tmp_pa
     calls = iter(range(1000))  # 8 members a step + 1 check after it: stop in step 2
     sink = MemorySink()
     with pytest.raises(TrainingStopped, match="during step 2, checkpoint of step 1"):
-        train(make_config(dataset, tmp_path, max_steps=4, eval_strategy="no"), sink,
-              pool=ToyPool(), should_stop=lambda: next(calls) >= 12)
+        train(
+            make_config(dataset, tmp_path, max_steps=4, eval_strategy="no"),
+            sink,
+            pool=ToyPool(),
+            should_stop=lambda: next(calls) >= 12,
+        )
     assert [r.step for r in sink.steps] == [1]
     assert [s for s, _ in sink.checkpoints] == [1]

@@ -140,8 +140,11 @@ class VLLMEngine:
             return []
         params = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
         requests = [{"prompt_token_ids": self.prompt_token_ids(m)} for m in prompts]
-        extra = {} if adapters is None else {
-            "lora_request": lora_requests(self, adapters, self._member_placeholder)}
+        extra = (
+            {}
+            if adapters is None
+            else {"lora_request": lora_requests(self, adapters, self._member_placeholder)}
+        )
         outputs = self.llm.generate(requests, params, use_tqdm=False, **extra)
         return [
             [
@@ -211,15 +214,16 @@ class VLLMEngine:
         self._rpc("es_update", [int(s) for s in seeds], [float(c) for c in coefficients])
         self.llm.reset_prefix_cache()
 
-    def lora_update(self, spec: dict[str, Any], seeds: Sequence[int],
-                    coefficients: Sequence[float]) -> None:
+    def lora_update(
+        self, spec: dict[str, Any], seeds: Sequence[int], coefficients: Sequence[float]
+    ) -> None:
         """Merge a low-rank ES update into the base weights (lora_slots.lora_update_spec)."""
-        self._rpc("es_lora_update", spec, [int(s) for s in seeds],
-                  [float(c) for c in coefficients])
+        self._rpc("es_lora_update", spec, [int(s) for s in seeds], [float(c) for c in coefficients])
         self.llm.reset_prefix_cache()
 
-    def set_lora_members(self, members: Sequence[tuple[int, int, float]],
-                         spec: dict[str, Any]) -> None:
+    def set_lora_members(
+        self, members: Sequence[tuple[int, int, float]], spec: dict[str, Any]
+    ) -> None:
         """Put population members (slot, seed, scale) into this engine's LoRA slots; then
         `generate(adapters=[slot, ...])` serves them (lora_slots.py). The first call, and
         any after another adapter took a member's slot, registers the slots with a warm-up
@@ -231,12 +235,15 @@ class VLLMEngine:
         missing = self._rpc("es_lora_members", members, spec)[0]
         if missing:  # one batch of all members: registering one must not evict another
             slots = [slot for slot, _, _ in members]
-            self.generate([[{"role": "user", "content": "."}]] * len(slots), max_tokens=1,
-                          adapters=slots)
+            self.generate(
+                [[{"role": "user", "content": "."}]] * len(slots), max_tokens=1, adapters=slots
+            )
             missing = self._rpc("es_lora_members", members, spec)[0]
             if missing:
-                raise RuntimeError(f"LoRA member slots {missing} could not be registered "
-                                   "(is max_loras below the population size?)")
+                raise RuntimeError(
+                    f"LoRA member slots {missing} could not be registered "
+                    "(is max_loras below the population size?)"
+                )
         self.llm.reset_prefix_cache()  # cached blocks are keyed by adapter id, not weights
 
     def checksum(self) -> str:

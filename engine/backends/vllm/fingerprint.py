@@ -42,12 +42,15 @@ def device_hash(flat: torch.Tensor) -> int:
     if flat.storage_offset():  # a view may start off the word alignment that view() needs
         flat = flat.clone()
     raw = flat.view(torch.uint8)
-    words = next(raw.view(dtype) for dtype, size in ((torch.int32, 4), (torch.int16, 2),
-                                                      (torch.uint8, 1)) if raw.numel() % size == 0)
+    words = next(
+        raw.view(dtype)
+        for dtype, size in ((torch.int32, 4), (torch.int16, 2), (torch.uint8, 1))
+        if raw.numel() % size == 0
+    )
     multipliers = _multipliers(flat.device)
     total = 0
     for start in range(0, words.numel(), CHUNK):
-        chunk = words[start:start + CHUNK].to(torch.int64)
+        chunk = words[start : start + CHUNK].to(torch.int64)
         part = int((chunk * multipliers[: chunk.numel()]).sum())  # wraps mod 2^64
         total = (total * 0x9E3779B97F4A7C15 + part) % (1 << 64)  # chunk order matters
     return total
@@ -59,7 +62,8 @@ def _multipliers(device: torch.device) -> torch.Tensor:
     key = str(device)
     if key not in _MULTIPLIERS:
         generator = torch.Generator(device="cpu").manual_seed(0x5EED)
-        values = torch.randint(-(1 << 62), 1 << 62, (CHUNK,), generator=generator,
-                               dtype=torch.int64)
+        values = torch.randint(
+            -(1 << 62), 1 << 62, (CHUNK,), generator=generator, dtype=torch.int64
+        )
         _MULTIPLIERS[key] = (values | 1).to(device)
     return _MULTIPLIERS[key]

@@ -63,8 +63,12 @@ def lora_llm_args(max_loras: int, rank: int) -> dict[str, Any]:
     max_rank = next((r for r in SUPPORTED_RANKS if r >= rank), None)
     if max_rank is None:
         raise ValueError(f"adapter rank {rank} is above vLLM's largest ({SUPPORTED_RANKS[-1]})")
-    return {"enable_lora": True, "max_loras": max_loras, "max_lora_rank": max_rank,
-            "max_cpu_loras": max_loras}
+    return {
+        "enable_lora": True,
+        "max_loras": max_loras,
+        "max_lora_rank": max_rank,
+        "max_cpu_loras": max_loras,
+    }
 
 
 MEMBER_ID_BASE = 1 << 30
@@ -76,8 +80,9 @@ def member_id(slot: int) -> int:
     return MEMBER_ID_BASE + int(slot)
 
 
-def lora_requests(engine: Any, adapters: Sequence[int | str | None],
-                  placeholder: str | None = None) -> list[Any]:
+def lora_requests(
+    engine: Any, adapters: Sequence[int | str | None], placeholder: str | None = None
+) -> list[Any]:
     """One LoRARequest (or None: the base model) per prompt: an int is a member slot (its
     request points at `placeholder`, the folder its first load reads), a str a PEFT folder.
     A folder keeps its id while consecutive calls name it; only the last call's folders are
@@ -138,14 +143,18 @@ class SeedFactors:
         rank, scales, targets = _parse_spec(spec)
         wanted = list(dict.fromkeys(int(s) for s in seeds))
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-            drawn = list(pool.map(
-                functools.partial(seed_factors, targets=targets, rank=rank, scales=scales),
-                wanted))
+            drawn = list(
+                pool.map(
+                    functools.partial(seed_factors, targets=targets, rank=rank, scales=scales),
+                    wanted,
+                )
+            )
         self.key, self.current = _draw_key(spec), dict(zip(wanted, drawn, strict=True))
         return self.current
 
-    def for_update(self, seeds: Sequence[int], spec: Mapping[str, Any]
-                   ) -> dict[int, Factors] | None:
+    def for_update(
+        self, seeds: Sequence[int], spec: Mapping[str, Any]
+    ) -> dict[int, Factors] | None:
         """The current factors if they hold every seed of an update under `spec`, else None."""
         if self.key == _draw_key(spec) and all(int(s) in self.current for s in seeds):
             return self.current
@@ -164,8 +173,9 @@ def seed_cache(worker: Any) -> SeedFactors:
     return worker._es_seed_factors
 
 
-def write_member_slots(worker: Any, model: torch.nn.Module, spec: Mapping[str, Any],
-                       members: Sequence[Sequence[Any]]) -> list[int]:
+def write_member_slots(
+    worker: Any, model: torch.nn.Module, spec: Mapping[str, Any], members: Sequence[Sequence[Any]]
+) -> list[int]:
     """Write members (slot, seed, scale) into their adapter slots, in the worker: each
     member's factors (engine.lowrank.factors.member_stack: its seed's, scaled, plus the trained
     adapter's in front of them when `spec["trained"]` names its file) go to the LoRA layers
@@ -185,8 +195,11 @@ def write_member_slots(worker: Any, model: torch.nn.Module, spec: Mapping[str, A
     _, _, targets = _parse_spec(spec)
     trained = _trained_factors(spec.get("trained"))
     layers = _slot_layers(model, manager.modules, [t.name for t in targets])
-    untouched = [m for m in manager.modules.values()
-                 if hasattr(m, "reset_lora") and all(m is not layer for layer, _ in layers)]
+    untouched = [
+        m
+        for m in manager.modules.values()
+        if hasattr(m, "reset_lora") and all(m is not layer for layer, _ in layers)
+    ]
     cache = seed_cache(worker)
     units = cache.take([m[1] for m in members], spec)
     member_units = [units[int(seed)] for _, seed, _ in members]
@@ -197,9 +210,15 @@ def write_member_slots(worker: Any, model: torch.nn.Module, spec: Mapping[str, A
             for index in slots:
                 module.reset_lora(index)
         for layer, parts in layers:
-            stacks = {name: member_stack([u[name] for u in member_units], member_scales,
-                                         None if trained is None else trained[name])
-                      for name in parts if name in member_units[0]}
+            stacks = {
+                name: member_stack(
+                    [u[name] for u in member_units],
+                    member_scales,
+                    None if trained is None else trained[name],
+                )
+                for name in parts
+                if name in member_units[0]
+            }
             if getattr(layer, "tp_size", 1) == 1:
                 _write_slices(layer, parts, stacks, slots)
                 continue
@@ -211,9 +230,12 @@ def write_member_slots(worker: Any, model: torch.nn.Module, spec: Mapping[str, A
     return []
 
 
-def _write_slices(layer: Any, parts: Sequence[str],
-                  stacks: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-                  slots: Sequence[int]) -> None:
+def _write_slices(
+    layer: Any,
+    parts: Sequence[str],
+    stacks: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+    slots: Sequence[int],
+) -> None:
     """All members' stacked factors into one unsharded LoRA layer, one write per slice and
     factor, zero-padded to the slot's rank (the layout set_lora writes: A [slot, 0, :r, :in],
     B [slot, 0, :out, :r]); a slice no member targets is zeroed. Consecutive slots (the
@@ -223,15 +245,20 @@ def _write_slices(layer: Any, parts: Sequence[str],
 
     device = layer.lora_a_stacked[0].device
     first = slots[0]
-    rows: slice | torch.Tensor = (slice(first, first + len(slots))
-                                  if list(slots) == list(range(first, first + len(slots)))
-                                  else torch.tensor(list(slots), device=device))
+    rows: slice | torch.Tensor = (
+        slice(first, first + len(slots))
+        if list(slots) == list(range(first, first + len(slots)))
+        else torch.tensor(list(slots), device=device)
+    )
     for s, name in enumerate(parts):
-        for buf, factor in zip((layer.lora_a_stacked[s], layer.lora_b_stacked[s]),
-                               stacks.get(name, (None, None)), strict=True):
+        for buf, factor in zip(
+            (layer.lora_a_stacked[s], layer.lora_b_stacked[s]),
+            stacks.get(name, (None, None)),
+            strict=True,
+        ):
             padded = torch.zeros(len(slots), *buf.shape[2:], dtype=buf.dtype, device=device)
             if factor is not None:
-                padded[:, :factor.shape[1], :factor.shape[2]] = factor
+                padded[:, : factor.shape[1], : factor.shape[2]] = factor
             buf[rows, 0] = padded
 
 
@@ -246,8 +273,9 @@ def _sort_member_slots(ids: list[int | None]) -> None:
         ids[position] = lora_id
 
 
-def _slot_layers(model: torch.nn.Module, modules: Mapping[str, Any],
-                 names: Sequence[str]) -> list[tuple[Any, list[str]]]:
+def _slot_layers(
+    model: torch.nn.Module, modules: Mapping[str, Any], names: Sequence[str]
+) -> list[tuple[Any, list[str]]]:
     """(LoRA layer, the Hugging Face module name of each of its slices) for every layer that
     holds one of `names`; q/k/v and gate/up share a fused layer with a slice each."""
     mapping = getattr(model, "packed_modules_mapping", {}) or {}
@@ -280,17 +308,24 @@ def _trained_factors(path: str | None) -> dict[str, tuple[torch.Tensor, torch.Te
     return {n: (tensors[f"{n}.A"], tensors[f"{n}.B"]) for n in names}
 
 
-def lora_update_spec(targets: Sequence[LoraTarget], rank: int,
-                     scales: Mapping[int, float]) -> dict[str, Any]:
+def lora_update_spec(
+    targets: Sequence[LoraTarget], rank: int, scales: Mapping[int, float]
+) -> dict[str, Any]:
     """The primitives the worker needs to regenerate members' factors."""
-    return {"rank": rank,
-            "targets": [[t.name, t.layer, t.module, t.in_features, t.out_features]
-                        for t in targets],
-            "scales": {str(layer): float(s) for layer, s in scales.items()}}
+    return {
+        "rank": rank,
+        "targets": [[t.name, t.layer, t.module, t.in_features, t.out_features] for t in targets],
+        "scales": {str(layer): float(s) for layer, s in scales.items()},
+    }
 
 
-def apply_lora_update(worker: Any, model: torch.nn.Module, spec: Mapping[str, Any],
-                      seeds: Sequence[int], coefficients: Sequence[float]) -> None:
+def apply_lora_update(
+    worker: Any,
+    model: torch.nn.Module,
+    spec: Mapping[str, Any],
+    seeds: Sequence[int],
+    coefficients: Sequence[float],
+) -> None:
     """master += dense low-rank update, then serving := cast(master) (inside the worker).
     Each parameter (a fused one holds several targets) is its own job on a thread per core:
     drawing the factors and the matmuls release the GIL."""
@@ -312,10 +347,15 @@ def apply_lora_update(worker: Any, model: torch.nn.Module, spec: Mapping[str, An
         master = worker._es_master[i]
         with torch.inference_mode():
             for target, start in jobs[i]:
-                delta = (dense_update(seeds, coefficients, target, rank, scales[target.layer],
-                                      master.device) if drawn is None else
-                         low_rank_sum([drawn[int(s)][target.name] for s in seeds],
-                                      coefficients, master.device))
+                delta = (
+                    dense_update(
+                        seeds, coefficients, target, rank, scales[target.layer], master.device
+                    )
+                    if drawn is None
+                    else low_rank_sum(
+                        [drawn[int(s)][target.name] for s in seeds], coefficients, master.device
+                    )
+                )
                 cpu_weights.add_rows_(master, start, delta, worker._es_layouts[i])
             worker._es_live[i].copy_(master)
             worker._es_snapshot[i].copy_(worker._es_live[i])

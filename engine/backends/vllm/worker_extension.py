@@ -182,8 +182,9 @@ class PerturbationWorkerExtension:
                 snap.copy_(live)
 
     @_writes_weights
-    def es_lora_update(self, spec: dict[str, Any], seeds: list[int],
-                       coefficients: list[float]) -> None:
+    def es_lora_update(
+        self, spec: dict[str, Any], seeds: list[int], coefficients: list[float]
+    ) -> None:
         """Merge the low-rank members' update into master and serving weights (fp32)."""
         lora_slots.apply_lora_update(self, _model(self), spec, seeds, coefficients)
 

@@ -67,7 +67,7 @@ class _Block:
     def take(self, weights: torch.Tensor) -> torch.Tensor:
         """The block's adapters' rows of [L, ...] weights, in token order."""
         if self.first is not None:
-            return weights[self.first:self.first + self.adapters.numel()]
+            return weights[self.first : self.first + self.adapters.numel()]
         return weights.index_select(0, self.adapters)
 
 
@@ -90,9 +90,14 @@ def _plan(*key: torch.Tensor) -> _Plan | None:
     indices and lengths); every layer of a forward pass asks with the same values, so the
     last plan is kept and reused while the values are equal (compared, never assumed)."""
     global _last_plan
-    if _last_plan is not None and len(_last_plan[0]) == len(key) and all(
-            a.shape == b.shape and torch.equal(a, b) for a, b in zip(_last_plan[0], key,
-                                                                       strict=True)):
+    if (
+        _last_plan is not None
+        and len(_last_plan[0]) == len(key)
+        and all(
+            a.shape == b.shape and torch.equal(a, b)
+            for a, b in zip(_last_plan[0], key, strict=True)
+        )
+    ):
         return _last_plan[1]
     indices = key[0] if len(key) == 1 else torch.repeat_interleave(key[0], key[1])
     plan = _gathered(indices)
@@ -105,9 +110,12 @@ def _plan(*key: torch.Tensor) -> _Plan | None:
             blocks, rest = _blocks(indices, one_block=False)
         else:
             blocks, rest = (), indices
-        plan = replace(plan, blocks=blocks, rest=_gathered(rest) if blocks else plan,
-                       rest_indices=rest.long().contiguous() if bool((rest >= 0).any())
-                       else None)
+        plan = replace(
+            plan,
+            blocks=blocks,
+            rest=_gathered(rest) if blocks else plan,
+            rest_indices=rest.long().contiguous() if bool((rest >= 0).any()) else None,
+        )
     _last_plan = (tuple(k.clone() for k in key), plan)
     return plan
 
@@ -129,12 +137,20 @@ def _gathered(indices: torch.Tensor) -> _Plan | None:
     if order.numel() == indices.numel():
         sources = torch.empty_like(slots)
         sources[order] = slots
-    return _Plan(order, slots, targets, sources, adapters, rows,
-                 first_slots=int(adapters[-1]) == adapters.numel() - 1)
+    return _Plan(
+        order,
+        slots,
+        targets,
+        sources,
+        adapters,
+        rows,
+        first_slots=int(adapters[-1]) == adapters.numel() - 1,
+    )
 
 
-def _blocks(indices: torch.Tensor, one_block: bool = True
-            ) -> tuple[tuple[_Block, ...], torch.Tensor]:
+def _blocks(
+    indices: torch.Tensor, one_block: bool = True
+) -> tuple[tuple[_Block, ...], torch.Tensor]:
     """Blocks of adjacent runs of equal length of one adapter each, and the indices of the
     tokens left to gather (-1 where a block has them). Runs shorter than MIN_RUN_TOKENS are
     left, unless `one_block` and one block holds every token. A population's prompts arrive
@@ -144,13 +160,15 @@ def _blocks(indices: torch.Tensor, one_block: bool = True
     change[1:] = indices[1:] != indices[:-1]
     starts = torch.nonzero(change).flatten().tolist()
     bounds = [*starts, indices.numel()]
-    runs = [(bounds[i], bounds[i + 1] - bounds[i], adapter)
-            for i, adapter in enumerate(indices[starts].tolist()) if adapter >= 0]
+    runs = [
+        (bounds[i], bounds[i + 1] - bounds[i], adapter)
+        for i, adapter in enumerate(indices[starts].tolist())
+        if adapter >= 0
+    ]
     grouped = _group_runs(runs)
     if len(grouped) > 1 or not one_block:  # else one block holds every token with an adapter
         grouped = _group_runs([run for run in runs if run[1] >= MIN_RUN_TOKENS])[:MAX_BLOCKS]
-    blocks = tuple(_Block(g[0], g[1], torch.tensor(g[2:]), _first_of_range(g[2:]))
-                   for g in grouped)
+    blocks = tuple(_Block(g[0], g[1], torch.tensor(g[2:]), _first_of_range(g[2:])) for g in grouped)
     rest = indices.clone()
     for block in blocks:
         rest[block.tokens] = -1
@@ -215,8 +233,13 @@ def _selected(weights: torch.Tensor, plan: _Plan) -> torch.Tensor:
     return weights.index_select(0, plan.adapters)
 
 
-def lora_matmul(inputs: torch.Tensor, weights: torch.Tensor, *key: torch.Tensor,
-                dtype: torch.dtype | None = None, expand: bool = False) -> torch.Tensor:
+def lora_matmul(
+    inputs: torch.Tensor,
+    weights: torch.Tensor,
+    *key: torch.Tensor,
+    dtype: torch.dtype | None = None,
+    expand: bool = False,
+) -> torch.Tensor:
     """out[t] = inputs[t] @ weights[index[t]].T, zeros where index[t] < 0, returned in
     `dtype` (default: the weights'); weights [L, out, in] or [L, 1, out, in], inputs [T, in];
     `key` gives the token indices, or the sequences' indices and lengths (see _plan).
@@ -235,15 +258,15 @@ def lora_matmul(inputs: torch.Tensor, weights: torch.Tensor, *key: torch.Tensor,
     return out
 
 
-def bgmv_shrink(inputs, lora_weights, output_tensor, lora_indices_tensor, scaling=1.0,
-                *, key=None):
+def bgmv_shrink(inputs, lora_weights, output_tensor, lora_indices_tensor, scaling=1.0, *, key=None):
     key = key or (lora_indices_tensor,)
     out = lora_matmul(inputs, lora_weights, *key, dtype=output_tensor.dtype)
     output_tensor[:, : out.shape[1]] = scaling * out
 
 
-def bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_inputs=True,
-                *, key=None):
+def bgmv_expand(
+    inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_inputs=True, *, key=None
+):
     key = key or (lora_indices_tensor,)
     out = lora_matmul(inputs, lora_b_weights, *key, dtype=output_tensor.dtype, expand=True)
     limit = 1 if out.shape[0] == 1 and output_tensor.shape[0] != 1 else output_tensor.shape[0]
@@ -254,34 +277,94 @@ def bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_
         output_tensor[:, :common] = out[:limit, :common]
 
 
-def bgmv_expand_slice(inputs, lora_b_weights, output_tensor, lora_indices_tensor,
-                      slice_offset, slice_size, add_inputs=True, *, key=None):
+def bgmv_expand_slice(
+    inputs,
+    lora_b_weights,
+    output_tensor,
+    lora_indices_tensor,
+    slice_offset,
+    slice_size,
+    add_inputs=True,
+    *,
+    key=None,
+):
     key = key or (lora_indices_tensor,)
     out = lora_matmul(inputs, lora_b_weights, *key, dtype=output_tensor.dtype, expand=True)
-    target = output_tensor[:, slice_offset:slice_offset + slice_size]
+    target = output_tensor[:, slice_offset : slice_offset + slice_size]
     if add_inputs:
         target += out
     else:
         target.copy_(out)
 
 
-def sgmv_shrink(inputs, lora_a_weights, output_tensor, b_seq_start_loc, seq_len_tensor,
-                lora_indices_tensor, batches, max_seq_length, token_nums, scaling):
-    bgmv_shrink(inputs, lora_a_weights, output_tensor, None, scaling,
-                key=(lora_indices_tensor, seq_len_tensor))
+def sgmv_shrink(
+    inputs,
+    lora_a_weights,
+    output_tensor,
+    b_seq_start_loc,
+    seq_len_tensor,
+    lora_indices_tensor,
+    batches,
+    max_seq_length,
+    token_nums,
+    scaling,
+):
+    bgmv_shrink(
+        inputs,
+        lora_a_weights,
+        output_tensor,
+        None,
+        scaling,
+        key=(lora_indices_tensor, seq_len_tensor),
+    )
 
 
-def sgmv_expand(inputs, lora_b_weights, output_tensor, b_seq_start_loc, seq_len_tensor,
-                lora_indices_tensor, batches, max_seq_length, token_nums, add_inputs=False):
-    bgmv_expand(inputs, lora_b_weights, output_tensor, None, add_inputs,
-                key=(lora_indices_tensor, seq_len_tensor))
+def sgmv_expand(
+    inputs,
+    lora_b_weights,
+    output_tensor,
+    b_seq_start_loc,
+    seq_len_tensor,
+    lora_indices_tensor,
+    batches,
+    max_seq_length,
+    token_nums,
+    add_inputs=False,
+):
+    bgmv_expand(
+        inputs,
+        lora_b_weights,
+        output_tensor,
+        None,
+        add_inputs,
+        key=(lora_indices_tensor, seq_len_tensor),
+    )
 
 
-def sgmv_expand_slice(inputs, lora_b_weights, output_tensor, b_seq_start_loc, seq_len_tensor,
-                      lora_indices_tensor, batches, max_seq_length, token_nums, slice_offset,
-                      slice_size, add_inputs=False):
-    bgmv_expand_slice(inputs, lora_b_weights, output_tensor, None, slice_offset, slice_size,
-                      add_inputs, key=(lora_indices_tensor, seq_len_tensor))
+def sgmv_expand_slice(
+    inputs,
+    lora_b_weights,
+    output_tensor,
+    b_seq_start_loc,
+    seq_len_tensor,
+    lora_indices_tensor,
+    batches,
+    max_seq_length,
+    token_nums,
+    slice_offset,
+    slice_size,
+    add_inputs=False,
+):
+    bgmv_expand_slice(
+        inputs,
+        lora_b_weights,
+        output_tensor,
+        None,
+        slice_offset,
+        slice_size,
+        add_inputs,
+        key=(lora_indices_tensor, seq_len_tensor),
+    )
 
 
 @dataclass(frozen=True)
@@ -306,8 +389,11 @@ def weights_changed() -> None:
     _weights_version += 1
 
 
-def _fused_weights(a_stacked: tuple[torch.Tensor, ...], b_stacked: tuple[torch.Tensor, ...],
-                   output_slices: tuple[int, ...]) -> _Fused:
+def _fused_weights(
+    a_stacked: tuple[torch.Tensor, ...],
+    b_stacked: tuple[torch.Tensor, ...],
+    output_slices: tuple[int, ...],
+) -> _Fused:
     """A layer's stacked buffers fused (see _Fused), rebuilt only after its slots changed.
     r is the highest rank any slot uses, not the served maximum: vLLM pads a rank-4
     population to rank 8, whose zero rows cost half of every shrink and expand. With B
@@ -316,8 +402,11 @@ def _fused_weights(a_stacked: tuple[torch.Tensor, ...], b_stacked: tuple[torch.T
     and 86 against 31 us of q/k/v (measured; the zero blocks cost rank-sized products).
     Contiguous transposed copies are the layout CPU bmm is fastest with."""
     key = id(a_stacked[0])
-    version = (_weights_version, output_slices,
-               *(_tensor_version(t) for t in (*a_stacked, *b_stacked)))
+    version = (
+        _weights_version,
+        output_slices,
+        *(_tensor_version(t) for t in (*a_stacked, *b_stacked)),
+    )
     hit = _fused_cache.get(key)
     if hit is not None and hit[0]() is a_stacked[0] and hit[1] == version:
         return hit[2]
@@ -327,7 +416,9 @@ def _fused_weights(a_stacked: tuple[torch.Tensor, ...], b_stacked: tuple[torch.T
     b_t = b_stacked[0].new_zeros(a_rows.shape[0], len(b_stacked) * rank, sum(output_slices))
     offset = 0
     for s, (b, size) in enumerate(zip(b_stacked, output_slices, strict=True)):
-        b_t[:, s * rank:(s + 1) * rank, offset:offset + size] = b.flatten(0, 1)[:, :size, :rank].mT
+        b_t[:, s * rank : (s + 1) * rank, offset : offset + size] = b.flatten(0, 1)[
+            :, :size, :rank
+        ].mT
         offset += size
     bounds = torch.cumsum(torch.tensor((0, *output_slices)), 0)
     fused = _Fused(a_rows, a_rows.mT.contiguous(), b_t, bounds, rank)
@@ -341,11 +432,18 @@ def _tensor_version(t: torch.Tensor) -> int:
     return -1 if t.is_inference() else t._version
 
 
-def add_lora_linear(self: Any, y: torch.Tensor, x: torch.Tensor,
-                    lora_a_stacked: tuple[torch.Tensor, ...],
-                    lora_b_stacked: tuple[torch.Tensor, ...], scale: float,
-                    output_slices: tuple[int, ...], *, buffer: Any = None,
-                    **kwargs: Any) -> None:
+def add_lora_linear(
+    self: Any,
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a_stacked: tuple[torch.Tensor, ...],
+    lora_b_stacked: tuple[torch.Tensor, ...],
+    scale: float,
+    output_slices: tuple[int, ...],
+    *,
+    buffer: Any = None,
+    **kwargs: Any,
+) -> None:
     """PunicaWrapperCPU.add_lora_linear with all slices of a fused layer (q, k, v or gate,
     up) at once: y[t] += scale * x[t] A_s B_s for each slice s of token t's adapter.
 
@@ -360,7 +458,7 @@ def add_lora_linear(self: Any, y: torch.Tensor, x: torch.Tensor,
         return
     fused = _fused_weights(lora_a_stacked, lora_b_stacked, output_slices)
     a_t, b_t = fused.a_t, fused.b_t
-    flat = y.view(-1, y.shape[-1])[:, :b_t.shape[-1]]
+    flat = y.view(-1, y.shape[-1])[:, : b_t.shape[-1]]
     inputs = x.view(-1, x.shape[-1])
     for block in plan.blocks:
         groups = block.adapters.numel()
@@ -372,8 +470,16 @@ def add_lora_linear(self: Any, y: torch.Tensor, x: torch.Tensor,
         return
     kernel = cpu_lora_native.kernel()
     if kernel is not None and x.dtype == y.dtype == a_t.dtype == b_t.dtype == torch.bfloat16:
-        kernel(flat, inputs[:plan.rest_indices.numel()], plan.rest_indices, fused.a_rows, b_t,
-               fused.bounds, fused.rank, scale)
+        kernel(
+            flat,
+            inputs[: plan.rest_indices.numel()],
+            plan.rest_indices,
+            fused.a_rows,
+            b_t,
+            fused.bounds,
+            fused.rank,
+            scale,
+        )
         return
     rest = plan.rest
     shrunk = _scaled(torch.bmm(_padded(x, rest), _selected(a_t, rest).to(x.dtype)), scale)
@@ -398,8 +504,14 @@ def _add_rows(out: torch.Tensor, products: torch.Tensor, plan: _Plan) -> None:
         out.index_add_(0, plan.targets, products)
 
 
-_REPLACED = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand",
-             "sgmv_expand_slice")
+_REPLACED = (
+    "bgmv_shrink",
+    "bgmv_expand",
+    "bgmv_expand_slice",
+    "sgmv_shrink",
+    "sgmv_expand",
+    "sgmv_expand_slice",
+)
 
 
 def install_grouped_cpu_lora() -> bool:

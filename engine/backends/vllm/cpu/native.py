@@ -38,8 +38,11 @@ Kernel = Callable[..., None]
 
 def _library_path(compiler: str) -> Path:
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join((compiler, *FLAGS)).encode(),
-                 cpu_features.cpu_flags().encode()):
+    for part in (
+        SOURCE.read_bytes(),
+        " ".join((compiler, *FLAGS)).encode(),
+        cpu_features.cpu_flags().encode(),
+    ):
         key.update(part)
     cache = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "eslab" / "kernels")
     return cache / f"cpu_lora_tokens-{key.hexdigest()[:16]}.so"
@@ -51,8 +54,13 @@ def _build(compiler: str, library: Path) -> None:
     library.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
         built = Path(scratch) / library.name
-        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], check=True,
-                       capture_output=True, text=True, timeout=120)
+        subprocess.run(
+            [compiler, *FLAGS, str(SOURCE), "-o", str(built)],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         os.replace(built, library)
 
 
@@ -71,21 +79,40 @@ def kernel() -> Kernel | None:
         native = ctypes.CDLL(str(library))
     except (OSError, subprocess.SubprocessError) as error:
         detail = getattr(error, "stderr", "") or error
-        log.warning("the multi-LoRA CPU kernel did not build (%s): the PyTorch path runs",
-                    detail)
+        log.warning("the multi-LoRA CPU kernel did not build (%s): the PyTorch path runs", detail)
         return None
     function = native.lora_tokens
     function.restype = ctypes.c_int
-    function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                         ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                         ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                         ctypes.c_void_p, ctypes.c_float]
+    function.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_float,
+    ]
     return functools.partial(lora_tokens, function)
 
 
-def lora_tokens(function: Any, y: torch.Tensor, x: torch.Tensor, index: torch.Tensor,
-                a: torch.Tensor, b: torch.Tensor, bounds: torch.Tensor, rank: int,
-                scale: float) -> None:
+def lora_tokens(
+    function: Any,
+    y: torch.Tensor,
+    x: torch.Tensor,
+    index: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bounds: torch.Tensor,
+    rank: int,
+    scale: float,
+) -> None:
     """y[t, bounds[s]:bounds[s + 1]] += scale * (x[t] . a[index[t], rows of s]) b[index[t],
     rows of s, same columns] for each token t with index[t] >= 0 and each slice s, where the
     rows of slice s are s * rank .. (s + 1) * rank. x [T, in] and y [T, out] bf16 with
@@ -93,26 +120,54 @@ def lora_tokens(function: Any, y: torch.Tensor, x: torch.Tensor, index: torch.Te
     and bounds [S + 1] contiguous int64. Shapes are checked here: the C code trusts them."""
     tokens, features = x.shape
     slices = bounds.numel() - 1
-    if not (y.shape[0] >= tokens and index.shape == (tokens,)
-            and a.shape[1:] == (slices * rank, features) and b.shape[:2] == a.shape[:2]
-            and int(bounds[-1]) <= min(b.shape[2], y.shape[1])):
-        raise ValueError(f"lora_tokens: mismatched shapes x {tuple(x.shape)}, y "
-                         f"{tuple(y.shape)}, index {tuple(index.shape)}, a {tuple(a.shape)}, "
-                         f"b {tuple(b.shape)}, bounds {bounds.tolist()}, rank {rank}")
-    if any(t.dtype != torch.bfloat16 for t in (x, y, a, b)) or x.stride(1) != 1 \
-            or y.stride(1) != 1 or not (a.is_contiguous() and b.is_contiguous()):
+    if not (
+        y.shape[0] >= tokens
+        and index.shape == (tokens,)
+        and a.shape[1:] == (slices * rank, features)
+        and b.shape[:2] == a.shape[:2]
+        and int(bounds[-1]) <= min(b.shape[2], y.shape[1])
+    ):
+        raise ValueError(
+            f"lora_tokens: mismatched shapes x {tuple(x.shape)}, y "
+            f"{tuple(y.shape)}, index {tuple(index.shape)}, a {tuple(a.shape)}, "
+            f"b {tuple(b.shape)}, bounds {bounds.tolist()}, rank {rank}"
+        )
+    if (
+        any(t.dtype != torch.bfloat16 for t in (x, y, a, b))
+        or x.stride(1) != 1
+        or y.stride(1) != 1
+        or not (a.is_contiguous() and b.is_contiguous())
+    ):
         raise ValueError("lora_tokens: x, y, a, b must be bf16 with contiguous rows")
-    if index.dtype != torch.int64 or bounds.dtype != torch.int64 \
-            or not (index.is_contiguous() and bounds.is_contiguous()):
+    if (
+        index.dtype != torch.int64
+        or bounds.dtype != torch.int64
+        or not (index.is_contiguous() and bounds.is_contiguous())
+    ):
         raise ValueError("lora_tokens: index and bounds must be contiguous int64")
     if tokens and int(index.max()) >= a.shape[0]:
-        raise ValueError(f"lora_tokens: adapter index {int(index.max())} beyond the "
-                         f"{a.shape[0]} adapters")
-    failed = function(x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0), index.data_ptr(),
-                      tokens, a.data_ptr(), b.data_ptr(), features, b.shape[2], slices, rank,
-                      bounds.data_ptr(), scale)
+        raise ValueError(
+            f"lora_tokens: adapter index {int(index.max())} beyond the {a.shape[0]} adapters"
+        )
+    failed = function(
+        x.data_ptr(),
+        x.stride(0),
+        y.data_ptr(),
+        y.stride(0),
+        index.data_ptr(),
+        tokens,
+        a.data_ptr(),
+        b.data_ptr(),
+        features,
+        b.shape[2],
+        slices,
+        rank,
+        bounds.data_ptr(),
+        scale,
+    )
     if failed == -1:
-        raise ValueError(f"lora_tokens: {slices} slices of rank {rank} exceed the kernel's "
-                         "256 rows")
+        raise ValueError(
+            f"lora_tokens: {slices} slices of rank {rank} exceed the kernel's 256 rows"
+        )
     if failed:
         raise MemoryError("lora_tokens: no memory for the kernel's scratch space")

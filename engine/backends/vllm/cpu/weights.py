@@ -135,8 +135,11 @@ class Fp32Weights:
         the budget) a new conversion."""
         key = id(weight)
         entry = self._copies.get(key)
-        if entry is not None and entry.pointer == weight.data_ptr() \
-                and entry.copy.shape == weight.shape:
+        if (
+            entry is not None
+            and entry.pointer == weight.data_ptr()
+            and entry.copy.shape == weight.shape
+        ):
             if entry.generation != self._generation:
                 entry.copy.copy_(weight)
                 entry.generation = self._generation
@@ -156,8 +159,13 @@ class Fp32Weights:
         announced (the worker extension's check after a forward pass)."""
         import torch
 
-        return sum(1 for e in self._copies.values() if e.generation == self._generation
-                   and (w := e.weight()) is not None and not torch.equal(e.copy, w.float()))
+        return sum(
+            1
+            for e in self._copies.values()
+            if e.generation == self._generation
+            and (w := e.weight()) is not None
+            and not torch.equal(e.copy, w.float())
+        )
 
     def _forget(self, key: int) -> None:
         entry = self._copies.pop(key, None)
@@ -192,8 +200,9 @@ def weights_written() -> None:
     fp32_weights().written()
 
 
-def _linear_in_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-                    ) -> torch.Tensor:
+def _linear_in_fp32(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     """A bf16 linear layer computed in fp32 and rounded back, for CPUs that would emulate
     bf16 (7x slower: see cpu_features); the weight's fp32 copy comes from `fp32_weights`."""
     import torch
@@ -202,8 +211,9 @@ def _linear_in_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     count = rows.shape[0]
     if count < BATCH_INVARIANT_ROWS:
         rows = torch.cat([rows, rows.new_zeros(BATCH_INVARIANT_ROWS - count, rows.shape[1])])
-    out = torch.nn.functional.linear(rows, fp32_weights().of(weight),
-                                     None if bias is None else bias.float())
+    out = torch.nn.functional.linear(
+        rows, fp32_weights().of(weight), None if bias is None else bias.float()
+    )
     return out[:count].to(x.dtype).view(*x.shape[:-1], out.shape[-1])
 
 
@@ -274,26 +284,28 @@ def _vnni_block_rows(n: int, k: int) -> int | None:
     return None
 
 
-def add_rows_(live: torch.Tensor, start: int, delta: torch.Tensor,
-              layout: tuple[str, int, int] | None) -> None:
+def add_rows_(
+    live: torch.Tensor, start: int, delta: torch.Tensor, layout: tuple[str, int, int] | None
+) -> None:
     """live[start:start + len(delta)] += delta, in logical rows, for a tensor stored in
     `layout`. Row blocks aligned to the packing's blocks are added through a strided view of
     the packed blocks they fill (2.2 ms for a 3072 x 576 fp32 update, against 4.1 ms
     permuting a copy with to_live first, measured); other rows take that copy."""
     if layout is None:
-        live[start:start + delta.shape[0]].add_(delta)
+        live[start : start + delta.shape[0]].add_(delta)
         return
     _, n, k = layout
     rows = _vnni_block_rows(n, k)
     if rows is None or start % rows or delta.shape[0] % rows:
         logical = delta.new_zeros(n, k)
-        logical[start:start + delta.shape[0]] = delta
+        logical[start : start + delta.shape[0]] = delta
         live.view(-1).add_(to_live(logical, layout).view(-1))
         return
     packed = live.view(n // rows, k // 2, rows, 2)
     first = start // rows
-    packed[first:first + delta.shape[0] // rows].add_(
-        delta.view(-1, rows, k // 2, 2).permute(0, 2, 1, 3))
+    packed[first : first + delta.shape[0] // rows].add_(
+        delta.view(-1, rows, k // 2, 2).permute(0, 2, 1, 3)
+    )
 
 
 def layout_of(param: torch.Tensor) -> tuple[str, int, int] | None:
