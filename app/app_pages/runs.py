@@ -61,15 +61,21 @@ for name, value in (
 ):
     set_param(name, value)
 
-runs, total = store.search_runs(
-    text=text,
-    statuses=statuses,
-    methods=methods,
-    tag=tag,
-    order=SORTS[sort],
-    limit=PAGE_SIZE,
-    offset=PAGE_SIZE * max(0, int_param("page", 1) - 1),
-)
+
+def search(page: int) -> tuple[list[RunRecord], int]:
+    """Page `page` (from 1) of the runs the filters select, and how many they select."""
+    return store.search_runs(
+        text=text,
+        statuses=statuses,
+        methods=methods,
+        tag=tag,
+        order=SORTS[sort],
+        limit=PAGE_SIZE,
+        offset=PAGE_SIZE * max(0, page - 1),
+    )
+
+
+runs, total = search(int_param("page", 1))
 if total == 0:
     st.info(
         "No runs match."
@@ -83,15 +89,7 @@ page = min(max(1, int_param("page", 1)), pages)
 if pages > 1:
     page = st.number_input(f"Page (of {pages}, {total} runs)", 1, pages, page)
     set_param("page", "" if page == 1 else str(page))
-    runs, _ = store.search_runs(
-        text=text,
-        statuses=statuses,
-        methods=methods,
-        tag=tag,
-        order=SORTS[sort],
-        limit=PAGE_SIZE,
-        offset=PAGE_SIZE * (page - 1),
-    )
+    runs, _ = search(page)
 
 
 def live(listed: list[RunRecord]) -> bool:
@@ -100,15 +98,7 @@ def live(listed: list[RunRecord]) -> bool:
 
 def table_and_actions(refreshing: bool) -> None:
     """The table of this page of runs and the buttons acting on the selected ones."""
-    shown, _ = store.search_runs(
-        text=text,
-        statuses=statuses,
-        methods=methods,
-        tag=tag,
-        order=SORTS[sort],
-        limit=PAGE_SIZE,
-        offset=PAGE_SIZE * (page - 1),
-    )
+    shown, _ = search(page)
     if refreshing and not live(shown):
         st.rerun(scope="app")  # the last live run ended: redraw once without the timer
     ids = [r.id for r in shown]
