@@ -51,8 +51,9 @@ class RunOutcome:
 
     def failed(self, exc: BaseException, message: str) -> None:
         """Failed with the traceback, which also goes to stderr (the Ray job's log)."""
-        print(format_traceback(exc), file=sys.stderr, flush=True)
-        self.record(RunStatus.FAILED, message, error=format_traceback(exc))
+        error = format_traceback(exc)
+        print(error, file=sys.stderr, flush=True)
+        self.record(RunStatus.FAILED, message, error=error)
 
     def cancelled(self, why: str) -> None:
         self.record(RunStatus.CANCELLED, f"{why}; {self.resume_hint()}")
