@@ -1,13 +1,16 @@
 """The scheduler: turns queued runs into Ray jobs and keeps run statuses true.
 
 A tick every few seconds (APScheduler BackgroundScheduler) does, in order:
-1. renew the scheduler lock; a scheduler without it does nothing, so one scheduler runs per
+1. stop the Ray job of every running run whose heartbeat is older than the timeout (a frozen
+   or unreachable worker). This step only reads the database: a worker frozen in the
+   middle of a write holds SQLite's write lock, and nothing else can be written until Ray
+   has killed it;
+2. renew the scheduler lock; a scheduler without it does nothing, so one scheduler runs per
    database even when two `eslab serve` share it;
-2. sync every active run with its Ray job: a job that ended while the run is not ended
+3. sync every active run with its Ray job: a job that ended while the run is not ended
    means the worker died (run failed, with the tail of the job log); a cancelling run's job
-   is stopped; a run whose heartbeat is older than the timeout is failed and its job
-   stopped (a frozen or unreachable worker);
-3. submit queued runs, oldest first, while fewer than `max_concurrent_runs` are active and
+   is stopped; a run stopped in step 1 is failed with the reason;
+4. submit queued runs, oldest first, while fewer than `max_concurrent_runs` are active and
    the Ray cluster has the CPUs/GPUs they ask for.
 
 All state lives in the database and in Ray, none in this object: a restarted scheduler picks
@@ -26,7 +29,7 @@ import tempfile
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -144,13 +147,20 @@ class Scheduler:
         self.owner = owner or default_owner()
         self._background: Any = None
         self._warned_too_big: set[int] = set()
+        self._holds_lock = False
+        """The outcome of the last renewal that reached the database. A renewal that fails
+        because the database is locked leaves it as it was: nobody else can have taken the
+        lock while nothing can be written."""
+        self._silenced: dict[int, str] = {}
+        """Runs whose job step 1 stopped for a silent heartbeat, with the reason to record."""
 
     # -- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> bool:
         """Take the lock and tick in the background. False, and nothing started, when
         another scheduler holds the lock (see `holder_message`)."""
-        if not self._renew_lock():
+        self._holds_lock = self._renew_lock()
+        if not self._holds_lock:
             return False
         from apscheduler.schedulers.background import BackgroundScheduler
 
@@ -187,14 +197,21 @@ class Scheduler:
     # -- one pass -----------------------------------------------------------------------
 
     def tick(self) -> None:
-        """One pass: lock, sync, submit. Never raises: a failing tick is logged and the next
-        one tries again (APScheduler would only log it less clearly)."""
+        """One pass: stop silent workers, lock, sync, submit. Never raises: a failing tick
+        is logged and the next one tries again (APScheduler would only log it less
+        clearly)."""
         try:
-            if not self._renew_lock():
+            if self._holds_lock:
+                self._stop_silent_workers()
+            self._holds_lock = self._renew_lock()
+            if not self._holds_lock:
                 log.warning("scheduler %s lost its lock: %s", self.owner, self.holder_message())
                 return
-            for run in self.store.active_runs():
+            active = self.store.active_runs()
+            for run in active:
                 self._sync(run)
+            active_ids = {run.id for run in active}
+            self._silenced = {i: why for i, why in self._silenced.items() if i in active_ids}
             self._submit_queued()
         except RayUnavailableError as exc:
             log.warning("scheduler tick skipped: %s", exc)
@@ -223,6 +240,13 @@ class Scheduler:
             # Submitted to a Ray cluster that has since gone (restart): submit it again.
             self.store.clear_submission(run.id)
             return
+        if run.id in self._silenced:
+            tail = self.ray_jobs.log_tail(sid, self.settings.log_tail_chars)
+            reason = self._silenced.pop(run.id)
+            self._finish(
+                run, RunStatus.FAILED, f"{reason}; the end of its log:\n{tail}", "heartbeat timeout"
+            )
+            return
         if state.is_terminal():
             # The worker records its own outcome before it exits; a job that ended while the
             # run has not means the worker died (kill -9, out of memory, import error).
@@ -234,27 +258,28 @@ class Scheduler:
                 f"the end of its log:\n{tail}",
                 f"Ray job {state.value}",
             )
-            return
-        self._check_heartbeat(run, sid)
 
-    def _check_heartbeat(self, run: RunRecord, sid: str) -> None:
-        if run.status is not RunStatus.RUNNING:
-            return
-        last = run.heartbeat_at or run.started_at
+    def _stop_silent_workers(self) -> None:
+        """Stop the job of each running run whose heartbeat is older than the timeout. Reads
+        and Ray calls only (see step 1 of the module docstring); `_sync` records the failure
+        once the database takes writes again."""
         timeout = self.settings.heartbeat_timeout_seconds
-        if last is None or datetime.now(UTC) - last <= timedelta(seconds=timeout):
-            return
-        silent = (datetime.now(UTC) - last).total_seconds()
-        self.ray_jobs.stop(sid)
-        tail = self.ray_jobs.log_tail(sid, self.settings.log_tail_chars)
-        self._finish(
-            run,
-            RunStatus.FAILED,
-            f"no heartbeat from the worker for {silent:.0f} s (timeout {timeout:.0f} s, "
-            f"ESLAB_HEARTBEAT_TIMEOUT_S): the worker froze or lost the database; its job was "
-            f"stopped; the end of its log:\n{tail}",
-            "heartbeat timeout",
-        )
+        now = datetime.now(UTC)
+        for run in self.store.active_runs():
+            last = run.heartbeat_at or run.started_at
+            sid = run.ray_submission_id
+            if run.status is not RunStatus.RUNNING or sid is None or last is None:
+                continue
+            silent = (now - last).total_seconds()
+            if silent <= timeout or run.id in self._silenced:
+                continue
+            self.ray_jobs.stop(sid)
+            self._silenced[run.id] = (
+                f"no heartbeat from the worker for {silent:.0f} s (timeout {timeout:.0f} s, "
+                "ESLAB_HEARTBEAT_TIMEOUT_S): the worker froze or lost the database; its job "
+                "was stopped"
+            )
+            log.warning("run %s: %s", run.id, self._silenced[run.id])
 
     def _finish(self, run: RunRecord, status: RunStatus, error: str | None, why: str) -> None:
         if self.store.finish_run(run.id, status, error=error):

@@ -204,13 +204,20 @@ def test_kill_9_fails_the_run_then_resume_completes_it(
 
 
 def test_a_frozen_worker_fails_on_its_heartbeat_timeout(
-    make_scheduler, sqlite_store, tmp_path, ray_address
+    make_scheduler, sqlite_store, sqlite_url, tmp_path, ray_address
 ):
     run = queue_run(sqlite_store, tmp_path / "out", max_steps=500)
     assert make_scheduler(heartbeat_timeout_seconds=2.0, stop_wait_seconds=1.0).start()
     wait_for(lambda: sqlite_store.get_run(run.id).step >= 1, 60, "step 1")
     pid = worker_pid(sqlite_store, run.id)
+    # Frozen between two writes: holding the write lock here for a moment makes sure of it.
+    # (A worker frozen in the middle of a write is
+    # tests/jobs/test_scheduler_database_lock.py.)
+    between_writes = sqlite3.connect(make_url(sqlite_url).database, isolation_level=None)
+    between_writes.execute("BEGIN IMMEDIATE")
     os.kill(pid, signal.SIGSTOP)  # alive for Ray, silent for the database
+    between_writes.execute("ROLLBACK")
+    between_writes.close()
     try:
         failed = wait_for(
             lambda: (r := sqlite_store.get_run(run.id)).status.is_terminal() and r,
