@@ -1,6 +1,6 @@
 """Who may use the dashboard: with ESLAB_AUTH_FILE set, a login is required and only editors
 may launch, cancel, clone, resume or delete runs; without it the dashboard is open (one local
-user, who is an editor).
+user, who is an editor), which `eslab serve` allows on loopback only (app/cli/serve.py).
 
 The file (YAML, or TOML when it ends in .toml) maps user names to a role and a salted scrypt
 hash, never a password:
