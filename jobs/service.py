@@ -240,6 +240,11 @@ def dashboard_command(host: str, port: int) -> list[str]:
         # the toolbar without Streamlit's developer items ("Deploy", "Rerun", settings)
         "--client.toolbarMode",
         "viewer",
+        # An uncaught error shows a generic message in the browser; its type, message and
+        # traceback (paths, settings, SQL) go to this process's log only. ("false" would
+        # still show the traceback: Streamlit reads it as "stacktrace".)
+        "--client.showErrorDetails",
+        "none",
     ]
 
 
