@@ -13,7 +13,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, text
 
-from jobs.store.database import describe, make_engine
+from jobs.store.database import database_url, describe, make_engine
 from jobs.store.errors import StoreError
 from jobs.store.models import Base
 
@@ -21,7 +21,7 @@ from jobs.store.models import Base
 MIGRATION_LOCK_KEY = 0x65736C6162  # "eslab"
 
 config = context.config
-url = config.attributes.get("url") or config.get_main_option("sqlalchemy.url") or None
+url = config.attributes.get("url") or config.get_main_option("sqlalchemy.url") or database_url()
 
 
 def run_migrations_offline() -> None:
