@@ -15,3 +15,7 @@ class RunNotFoundError(StoreError):
 
 class InvalidTransitionError(StoreError):
     pass
+
+
+class SchemaNewerError(StoreError):
+    """The database is at a migration this code does not know: a newer ES Lab migrated it."""
