@@ -130,11 +130,6 @@ def path_refusal(path: str) -> str | None:
 
 def folder_to_import_from(module: str) -> Path | None:
     """The listed folder to import an allowed `module` from; None: the usual way (sys.path)."""
-    if module == BUILTIN_PACKAGE:
-        return (
-            f"names ES Lab's reward loader, not a reward function: built-in reward functions "
-            f"are in the modules under {BUILTIN_PACKAGE}"
-        )
     if is_builtin(module):
         return None
     allowed = AllowList.from_environment()
