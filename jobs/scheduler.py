@@ -368,6 +368,11 @@ class Scheduler:
         }
         if os.environ.get("ESLAB_DATA_DIR"):
             env["ESLAB_DATA_DIR"] = os.path.abspath(os.environ["ESLAB_DATA_DIR"])
+        from engine.rewards import REWARD_MODULES_SETTING
+
+        # Always set, empty included: the worker allows the reward modules this process
+        # validated the run against, never a wider list inherited from the Ray head.
+        env[REWARD_MODULES_SETTING] = os.environ.get(REWARD_MODULES_SETTING, "")
         return {**env, **self.extra_env}
 
 
