@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from app.views import inert
 from engine.config import ConfigError, FieldSpec, RunConfig, config_fields, flatten, read_yaml
 
 PREFIX = "new_"
@@ -77,7 +78,7 @@ def _widget(spec: FieldSpec, errors: dict[str, str]) -> None:
     else:
         st.text_input(label, key=k, help=spec.help, placeholder="none" if spec.nullable else None)
     if spec.name in errors:
-        st.error(errors[spec.name], icon=":material/error:")
+        st.error(inert(errors[spec.name]), icon=":material/error:")
 
 
 def render_fields(errors: dict[str, str]) -> None:
