@@ -12,13 +12,12 @@ from app.state import get_store
 from app.views import inert, param, show_error
 from engine.config import ConfigError, config_fields
 from engine.data.datasets import DatasetError
-from engine.data.uploads import MIB, config_path, keep_upload, max_upload_mb
+from engine.data.uploads import MIB, max_upload_mb
 from engine.filenames import safe_file_name
 from engine.model_files import ModelError
 from engine.presets import load_preset, preset_names
 from engine.rewards import BUILTIN_REWARDS, RewardError
 from jobs.store.errors import StoreError
-from jobs.uploads import clean_uploads
 
 YAML_UPLOAD_MB = 1  # a run configuration is a few KiB; the widget takes whole MiB
 
@@ -111,16 +110,7 @@ with st.container(border=True):
     )
     if upload is not None and st.session_state.get("new_parquet_done") != upload.file_id:
         st.session_state["new_parquet_done"] = upload.file_id
-        # Checked here, where the file is kept: a disabled widget is no protection.
-        if actions.allowed("upload datasets"):
-            try:
-                kept = keep_upload(upload.getvalue(), upload.name)
-            except DatasetError as exc:
-                st.error(inert(f"dataset refused: {exc}"))
-            else:
-                st.session_state[forms.key("train_file")] = config_path(kept.path)
-                st.success(inert(f"{upload.name}: {kept.rows} prompts, saved as {kept.path}"))
-                clean_uploads(store)
+        forms.upload_dataset(store, upload.name, upload.getvalue())
 
 # Validate what the widgets hold now; once a submit has failed, errors follow every edit.
 config, problems = forms.validate(forms.form_values())
