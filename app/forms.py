@@ -70,8 +70,10 @@ def parse_yaml(text: str | bytes, source: str = "the YAML") -> dict[str, Any]:
 
 def upload_dataset(store: Store, name: str, data: bytes) -> None:
     """Keep an uploaded parquet dataset (see engine.data.uploads) and make it the form's
-    train_file; editors only, checked here where the file is written (the page's disabled
-    uploader is a convenience). Says what happened; then removes unused old uploads."""
+    train_file. Editors only, checked here where the file is written, as every action
+    checks the role where it acts (the page also disables the uploader for a viewer, and
+    Streamlit discards what a browser sends for a disabled widget). Says what happened,
+    then removes unused old uploads."""
     if not actions.allowed("upload datasets"):
         return
     try:

@@ -15,6 +15,7 @@ because the operator decides what a shared dashboard accepts:
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import uuid
@@ -52,7 +53,7 @@ def positive_setting(var: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         value = 0.0
-    if not value > 0:
+    if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{var} must be a positive number, got {raw!r}")
     return value
 

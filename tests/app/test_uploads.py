@@ -175,8 +175,9 @@ def test_an_interrupted_upload_leaves_nothing(store, dataset, monkeypatch):
     assert kept_files() == []
 
 
-def test_a_malformed_size_setting_is_refused_not_ignored(store, dataset, monkeypatch):
-    monkeypatch.setenv("ESLAB_MAX_UPLOAD_MB", "lots")
+@pytest.mark.parametrize("value", ["lots", "0", "-5", "inf", "nan"])
+def test_a_malformed_size_setting_is_refused_not_ignored(store, dataset, monkeypatch, value):
+    monkeypatch.setenv("ESLAB_MAX_UPLOAD_MB", value)
     with pytest.raises(ValueError, match="ESLAB_MAX_UPLOAD_MB must be a positive number"):
         keep_upload(dataset.read_bytes(), "good.parquet")
 
