@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import streamlit as st
 
 from app import auth
+from app.views import inert
 from engine.config import RunConfig
 from jobs.launch import queue_run
 from jobs.store.errors import StoreError
@@ -94,7 +95,7 @@ def confirm_delete(store: Store, runs: list[RunRecord]) -> None:
         "This removes everything these runs recorded from the database "
         "(their output folders stay on disk):"
     )
-    st.markdown("\n".join(f"- {r.name} (#{r.id})" for r in runs))
+    st.markdown("\n".join(f"- {inert(r.name)} (#{r.id})" for r in runs))
     if st.button("Delete", type="primary", key="delete_confirm") and delete(store, runs):
         st.rerun()
 
