@@ -18,6 +18,7 @@ import streamlit as st
 
 from app import auth
 from app.login_throttle import THROTTLE
+from app.views import inert
 
 LOCAL_CLIENT = "local"
 
@@ -73,7 +74,7 @@ def sidebar(user: auth.User) -> None:
     if auth.auth_path() is None:
         return
     with st.sidebar:
-        st.caption(f"Signed in as **{user.name}** ({user.role})")
+        st.caption(f"Signed in as **{inert(user.name)}** ({user.role})")
         if st.button("Log out", icon=":material/logout:", key="logout"):
             st.session_state.pop(auth.SESSION_KEY, None)
             st.rerun()

@@ -50,14 +50,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     elif not _open_dashboard_allowed(args.host, args.insecure_no_login):
         return 2
 
+    from engine.data.uploads import max_upload_mb
     from jobs.scheduler import SchedulerSettings
     from jobs.service import ServiceError, serve
 
     overrides = {}
     if args.max_concurrent_runs is not None:
         overrides["max_concurrent_runs"] = args.max_concurrent_runs
+    try:  # a malformed ESLAB_* number stops serve here, before Ray starts
+        settings = SchedulerSettings.from_env(**overrides)
+        max_upload_mb()
+    except ValueError as exc:
+        print_error(str(exc))
+        return 2
     try:
-        return serve(args.host, args.port, SchedulerSettings.from_env(**overrides))
+        return serve(args.host, args.port, settings)
     except ServiceError as exc:
         print_error(str(exc))
         return 2

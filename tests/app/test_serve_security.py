@@ -117,3 +117,19 @@ def test_the_served_dashboard_shows_no_error_details():
     shown = at.exception[0]
     assert "secret-detail" not in shown.value and "RuntimeError" not in shown.value
     assert not shown.stack_trace
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"), [("ESLAB_MAX_UPLOAD_MB", "lots"), ("ESLAB_HEARTBEAT_TIMEOUT_S", "x")]
+)
+def test_a_malformed_setting_stops_serve_in_one_line(no_auth, monkeypatch, capsys, variable, value):
+    monkeypatch.setenv(variable, value)
+    assert main(["serve", "--port", "1"]) == 2
+    err = capsys.readouterr().err
+    assert variable in err and repr(value) in err and "database" not in err
+
+
+def test_streamlit_refuses_uploads_over_the_cap_itself(monkeypatch):
+    monkeypatch.setenv("ESLAB_MAX_UPLOAD_MB", "7")
+    command = dashboard_command("127.0.0.1", 8501)
+    assert command[command.index("--server.maxUploadSize") + 1] == "7"
