@@ -367,6 +367,8 @@ class Scheduler:
         }
         if os.environ.get("ESLAB_DATA_DIR"):
             env["ESLAB_DATA_DIR"] = os.path.abspath(os.environ["ESLAB_DATA_DIR"])
+        if os.environ.get("ESLAB_OUTPUT_ROOTS"):  # the worker validates output_dir again
+            env["ESLAB_OUTPUT_ROOTS"] = os.environ["ESLAB_OUTPUT_ROOTS"]
         return {**env, **self.extra_env}
 
 

@@ -9,10 +9,10 @@ from app.state import get_store
 from app.views import (
     duration,
     elapsed,
+    id_params,
     label,
     mode,
     param,
-    param_list,
     set_param,
     smoothing_param,
 )
@@ -24,7 +24,7 @@ X_AXES = {"step": "step", "wall time (min)": "wall_time"}
 st.title("Compare")
 store = get_store()
 try:
-    runs = [store.get_run(i) for i in param_list("runs")]
+    runs = [store.get_run(i) for i in id_params("runs")]
 except StoreError as exc:
     st.error(str(exc))
     st.stop()

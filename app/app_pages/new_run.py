@@ -9,7 +9,7 @@ import streamlit as st
 
 from app import actions, auth, forms
 from app.state import get_store
-from app.views import param
+from app.views import id_param
 from engine.config import ConfigError, config_fields
 from engine.data.datasets import DatasetError, load_dataset
 from engine.model_files import ModelError
@@ -26,7 +26,7 @@ store = get_store()
 fresh = forms.key("method") not in st.session_state
 if fresh:
     st.session_state["new_errors"] = {}
-clone = param("clone")
+clone = id_param("clone")
 if clone and (fresh or st.session_state.get("new_cloned") != clone):
     try:
         parent = store.get_run(clone)

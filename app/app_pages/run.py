@@ -8,7 +8,7 @@ from app import actions, exports, report, run_charts
 from app.alignment_view import alignment_view
 from app.samples_view import lbes_view, samples_table
 from app.state import get_store
-from app.views import duration, elapsed, eta, mode, param, set_param, smoothing_param
+from app.views import duration, elapsed, eta, id_param, mode, param, set_param, smoothing_param
 from engine.paths import resolve_path
 from jobs.store.errors import StoreError
 
@@ -16,11 +16,12 @@ REFRESH_SECONDS = 5
 X_AXES = {"step": "step", "wall time (min)": "wall_time"}
 
 store = get_store()
-if not param("run"):
+run_id = id_param("run")
+if run_id is None:
     st.info("Open a run from the **Runs** page (this page's URL is `/run?run=ID`).")
     st.stop()
 try:
-    run = store.get_run(param("run"))
+    run = store.get_run(run_id)
 except StoreError as exc:
     st.error(str(exc))
     st.stop()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from app.cli.common import port
+
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     from scorer.default import default_scorer_dir
@@ -16,7 +18,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "serve", help="serve GET /health and POST /score_batch {prompts, responses}"
     )
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=port, default=8000)
     serve.add_argument(
         "--reward-model",
         default=str(default_scorer_dir() / "reward"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from app.cli.common import DASHBOARD_PORT, print_error
+from app.cli.common import DASHBOARD_PORT, check_ray_address, port, print_error
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -17,7 +17,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="address to bind: 127.0.0.1 (default) is this machine only; "
         "0.0.0.0 shares the dashboard (set ESLAB_AUTH_FILE for logins)",
     )
-    serve.add_argument("--port", type=int, default=DASHBOARD_PORT)
+    serve.add_argument("--port", type=port, default=DASHBOARD_PORT)
     serve.add_argument(
         "--max-concurrent-runs",
         type=int,
@@ -33,6 +33,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from jobs.scheduler import SchedulerSettings
     from jobs.service import ServiceError, serve
 
+    check_ray_address()
     if (path := auth_path()) is not None:  # a bad auth file stops serve before Ray starts
         print(f"logins required: {len(load_users(path))} user(s) in {path}", flush=True)
     overrides = {}

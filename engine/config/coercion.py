@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from engine.config.errors import show
@@ -14,6 +15,9 @@ from engine.config.fields import FieldSpec
 _NONE_WORDS = {"none", "null", "~", ""}
 _TRUE_WORDS = {"true", "yes", "on", "1"}
 _FALSE_WORDS = {"false", "no", "off", "0"}
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "text"}
+MAX_INT = 2**63 - 1
+"""The largest integer option a database column and the engine's seeds can hold."""
 
 
 class Invalid(Exception):
@@ -22,6 +26,7 @@ class Invalid(Exception):
 
 def coerce(spec: FieldSpec, value: Any) -> Any:
     """The value converted to the option's type, strings parsed (CLI, forms, YAML)."""
+    check_scalar(spec, value)
     if spec.nullable and (
         value is None or (isinstance(value, str) and value.strip().lower() in _NONE_WORDS)
     ):
@@ -34,6 +39,8 @@ def coerce(spec: FieldSpec, value: Any) -> Any:
             return word in _TRUE_WORDS
         raise Invalid(f"must be true or false, got {show(value)}")
     if spec.type is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value  # exact: no detour through float
         number = _number(value)
         if number is None or not number.is_integer():
             raise Invalid(f"must be an integer, got {show(value)}")
@@ -52,6 +59,7 @@ def coerce(spec: FieldSpec, value: Any) -> Any:
 
 def check_type(spec: FieldSpec, value: Any) -> Any:
     """For direct construction: the value must already have the option's type."""
+    check_scalar(spec, value)
     if value is None and spec.nullable:
         return value
     if spec.type is bool:
@@ -67,10 +75,27 @@ def check_type(spec: FieldSpec, value: Any) -> Any:
     return value
 
 
+def check_scalar(spec: FieldSpec, value: Any) -> None:
+    """One plain value (text, number, boolean or None), never a list, a mapping or a YAML
+    date: every option holds one value, and a container's text would only mislead."""
+    if value is None or isinstance(value, str | int | float):
+        return
+    if isinstance(value, Mapping):
+        got = f"a mapping of {len(value)} key(s)"
+    elif isinstance(value, list | tuple | set):
+        got = f"a list of {len(value)} item(s)"
+    else:
+        got = f"a {type(value).__name__} ({str(value)[:40]}): quote it to give text"
+    raise Invalid(f"must be one value ({_KINDS.get(spec.type, spec.type.__name__)}), got {got}")
+
+
 def check_value(spec: FieldSpec, value: Any) -> None:
     """Choices and range of an already typed value."""
     if value is None:
         return
+    if spec.type is int and abs(value) > MAX_INT:
+        digits = len(str(abs(value)))
+        raise Invalid(f"must be at most {MAX_INT} (2**63 - 1), got an integer of {digits} digits")
     if spec.choices is not None and value not in spec.choices:
         close = difflib.get_close_matches(str(value), spec.choices, n=1)
         hint = f": did you mean {close[0]!r}?" if close else ""
@@ -93,6 +118,10 @@ def _number(value: Any) -> float | None:
             value = float(value.strip())
         except ValueError:
             return None
-    if not isinstance(value, int | float) or not math.isfinite(value):
+    if not isinstance(value, int | float):
         return None
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond the float range
+        return None
+    return number if math.isfinite(number) else None
