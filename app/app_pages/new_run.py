@@ -136,7 +136,7 @@ if left.button("Queue run", type="primary", icon=":material/rocket_launch:", dis
         run = actions.launch(
             store,
             config,
-            parent_id=int(clone) if clone.isdigit() else None,
+            parent_id=clone,
             tags=[t.strip() for t in tags.split(",") if t.strip()],
         )
     except ConfigError as exc:
