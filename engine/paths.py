@@ -46,9 +46,9 @@ def output_dir_problem(output_dir: str, model_dirs: list[Path]) -> str | None:
         roots = [root for root in roots if root.is_relative_to(project)]
     if not any(path.is_relative_to(root) and path != root for root in roots):
         return (
-            f"resolves to {path}, which is not inside the data folder "
-            f"({data_dir().resolve()}) or a folder of ESLAB_OUTPUT_ROOTS: use a folder such as "
-            "data/runs/NAME, or ask the operator to add its parent to ESLAB_OUTPUT_ROOTS"
+            f"resolves to {path}, which is not a folder inside the data folder "
+            f"({data_dir().resolve()}) or inside a folder of ESLAB_OUTPUT_ROOTS: use a folder "
+            "such as data/runs/NAME, or ask the operator to add its parent to ESLAB_OUTPUT_ROOTS"
         )
     if project.is_relative_to(path):
         return f"resolves to {path}, which is or holds the project folder: use a folder of its own"

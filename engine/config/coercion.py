@@ -37,23 +37,23 @@ def coerce(spec: FieldSpec, value: Any) -> Any:
         word = str(value).strip().lower() if isinstance(value, str | int) else None
         if word in _TRUE_WORDS | _FALSE_WORDS:
             return word in _TRUE_WORDS
-        raise Invalid(f"must be true or false, got {show(value)}")
+        raise Invalid(f"must be true or false, got {_shown(value)}")
     if spec.type is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value  # exact: no detour through float
         number = _number(value)
         if number is None or not number.is_integer():
-            raise Invalid(f"must be an integer, got {show(value)}")
+            raise Invalid(f"must be an integer, got {_shown(value)}")
         return int(number)
     if spec.type is float:
         number = _number(value)
         if number is None:
-            raise Invalid(f"must be a finite number, got {show(value)}")
+            raise Invalid(f"must be a finite number, got {_shown(value)}")
         return number
     if isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)  # e.g. `run_name: 2024` in YAML
     if not isinstance(value, str):
-        raise Invalid(f"must be a string, got {show(value)} ({type(value).__name__})")
+        raise Invalid(f"must be a string, got {_shown(value)} ({type(value).__name__})")
     return value
 
 
@@ -70,7 +70,7 @@ def check_type(spec: FieldSpec, value: Any) -> Any:
         ok = isinstance(value, spec.type) and not isinstance(value, bool)
     if not ok:
         raise Invalid(
-            f"must be of type {spec.type.__name__}, got {show(value)} ({type(value).__name__})"
+            f"must be of type {spec.type.__name__}, got {_shown(value)} ({type(value).__name__})"
         )
     return value
 
@@ -99,14 +99,21 @@ def check_value(spec: FieldSpec, value: Any) -> None:
     if spec.choices is not None and value not in spec.choices:
         close = difflib.get_close_matches(str(value), spec.choices, n=1)
         hint = f": did you mean {close[0]!r}?" if close else ""
-        raise Invalid(f"must be one of {', '.join(spec.choices)}, got {show(value)}{hint}")
+        raise Invalid(f"must be one of {', '.join(spec.choices)}, got {_shown(value)}{hint}")
     if spec.type is str and spec.choices is None and not value.strip():
         raise Invalid("must not be empty")
     if spec.min is not None and (value <= spec.min if spec.exclusive_min else value < spec.min):
         sign = ">" if spec.exclusive_min else ">="
-        raise Invalid(f"must be {sign} {spec.min:g}, got {show(value)}")
+        raise Invalid(f"must be {sign} {spec.min:g}, got {_shown(value)}")
     if spec.max is not None and value > spec.max:
-        raise Invalid(f"must be <= {spec.max:g}, got {show(value)}")
+        raise Invalid(f"must be <= {spec.max:g}, got {_shown(value)}")
+
+
+def _shown(value: Any) -> str:
+    """The value as messages quote it, cut short: a 400-digit number or a long text would bury
+    the message."""
+    text = show(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def _number(value: Any) -> float | None:

@@ -151,13 +151,13 @@ def test_output_dir_inside_the_data_folder_is_accepted(data_folder):
 @pytest.mark.parametrize(
     ("output_dir", "why"),
     [
-        ("out", "is not inside the data folder"),  # the project folder
-        ("data/runs/x", "is not inside the data folder"),  # the project's data, not this one
-        ("{data}", "is not inside the data folder"),  # the root itself
-        ("{data}/runs/../../escape", "is not inside the data folder"),
-        ("{data}/link/run", "is not inside the data folder"),  # a symlink out
-        ("/etc/eslab", "is not inside the data folder"),
-        ("~/.ssh", "is not inside the data folder"),
+        ("out", "is not a folder inside the data folder"),  # the project folder
+        ("data/runs/x", "is not a folder inside the data folder"),  # the project data, not ours
+        ("{data}", "is not a folder inside the data folder"),  # the root itself
+        ("{data}/runs/../../escape", "is not a folder inside the data folder"),
+        ("{data}/link/run", "is not a folder inside the data folder"),  # a symlink out
+        ("/etc/eslab", "is not a folder inside the data folder"),
+        ("~/.ssh", "is not a folder inside the data folder"),
         ("{data}/models/smollm2-135m-instruct/out", "lies in the model folder"),
         ("{data}/models", "is, holds or lies in the model folder"),
         ("{data}/a\0b", "is not a usable path"),
@@ -181,7 +181,7 @@ def test_output_roots_widen_but_never_open_the_project(data_folder, monkeypatch,
     assert problems(output_dir=str(tmp_path / "elsewhere" / "run")) == {}
     for inside_the_project in (PROJECT_ROOT / "engine" / "x", PROJECT_ROOT / "data" / "runs"):
         assert (
-            "is not inside the data folder"
+            "is not a folder inside the data folder"
             in problems(output_dir=str(inside_the_project))["output_dir"]
         )
     assert "holds the project folder" in problems(output_dir=str(PROJECT_ROOT.parent))["output_dir"]
