@@ -29,7 +29,7 @@ def allowed(action: str) -> bool:
     try:
         auth.require_editor(action)
     except auth.PermissionDenied as exc:
-        st.error(inert(exc))
+        st.error(str(exc))
         return False
     return True
 
@@ -50,7 +50,7 @@ def cancel(store: Store, run_id: int) -> None:
     try:
         run = store.request_cancel(run_id)
     except StoreError as exc:
-        st.error(inert(exc))
+        st.error(str(exc))
         return
     st.toast(f"run {run.id} is {run.status.value}")
 
@@ -64,7 +64,7 @@ def resume(store: Store, run_id: int) -> None:
         checkpoint = latest_checkpoint(store, run_id)
         run = store.resume_run(run_id, checkpoint.step if checkpoint else 0)
     except StoreError as exc:
-        st.error(inert(exc))
+        st.error(str(exc))
         return
     st.toast(f"run {run.id} queued again (attempt {run.attempt})")
 
@@ -83,7 +83,7 @@ def delete(store: Store, runs: Sequence[RunRecord]) -> bool:
         try:
             store.delete_run(r.id)
         except StoreError as exc:
-            st.error(inert(exc))
+            st.error(str(exc))
             return False
     return True
 

@@ -11,7 +11,15 @@ import streamlit as st
 
 from app import actions
 from app.views import inert
-from engine.config import ConfigError, FieldSpec, RunConfig, config_fields, flatten, read_yaml
+from engine.config import (
+    ConfigError,
+    FieldSpec,
+    RunConfig,
+    config_fields,
+    flatten,
+    read_yaml,
+    scalar_errors,
+)
 from engine.data.datasets import DatasetError
 from engine.data.uploads import config_path, keep_upload
 from jobs.store.store import Store
@@ -63,8 +71,11 @@ def parse_yaml(text: str | bytes, source: str = "the YAML") -> dict[str, Any]:
     """A YAML run configuration (flat, nested by group or dotted) as flat option values, read
     as `eslab train` reads a file; the form converts and checks them when it is validated.
     Options the schema does not know are left out, as the form has no widget for them.
-    Raises ConfigError naming `source` (and the line of a syntax error)."""
+    Raises ConfigError naming `source` (and the line of a syntax error), or naming each option
+    given a list or mapping (a widget holds one value)."""
     flat, _unknown = flatten(read_yaml(text, source))
+    if errors := scalar_errors(flat):
+        raise ConfigError(errors, source)
     return flat
 
 

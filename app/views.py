@@ -22,15 +22,60 @@ from jobs.store.records import RunRecord
 # so no link, image, HTML, heading, list, emphasis, table, LaTeX ($) or Streamlit directive
 # (:red[...]) can start, and no autolink (its "://", "www." or "@") can be recognised.
 _MARKDOWN_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+_DECIMAL = re.compile(r"[0-9]{1,19}")
+MAX_ID = 2**63 - 1
+"""The largest run id (a 64-bit database integer)."""
+MAX_PAGE = 1_000_000
 
 
 def param(name: str, default: str = "") -> str:
     return st.query_params.get(name, default)
 
 
-def int_param(name: str, default: int) -> int:
-    value = param(name)
-    return int(value) if value.isdigit() else default
+def whole_number(text: str, maximum: int = MAX_ID) -> int | None:
+    """`text` as a number from 1 to `maximum` when it is written plainly (ASCII digits only),
+    else None. int() alone also reads ' 5', '+5', '1_000' and other scripts' digits ('٣'), and
+    an id past 64 bits makes the database raise instead of answering 'no such run'."""
+    if not _DECIMAL.fullmatch(text):
+        return None
+    number = int(text)
+    return number if 1 <= number <= maximum else None
+
+
+def id_params(name: str) -> list[int]:
+    """The run ids of `?name=ID,ID,...` (none when absent). Anything else than plain decimal
+    numbers stops the page with a message saying what the address needs."""
+    ids = [whole_number(x) for x in param_list(name)]
+    if None in ids:
+        st.error(
+            f"This page's address has a bad `{name}` value: it takes run ids, plain decimal "
+            f"numbers such as `?{name}=12`."
+        )
+        st.stop()
+    return [i for i in ids if i is not None]
+
+
+def id_param(name: str) -> int | None:
+    """The run id of `?name=ID`, None when absent; otherwise as `id_params`."""
+    ids = id_params(name)
+    if len(ids) > 1:
+        st.error(f"This page's address has several `{name}` ids: it takes one, e.g. `?{name}=12`.")
+        st.stop()
+    return ids[0] if ids else None
+
+
+def page_param(name: str = "page") -> int:
+    """The page number of `?page=N`, 1 when absent; anything but a plain decimal number up to
+    MAX_PAGE shows a warning and page 1."""
+    raw = param(name)
+    number = whole_number(raw, MAX_PAGE) if raw else 1
+    if number is None:
+        st.warning(
+            f"This page's address has a bad `{name}` value: it takes a page number from 1 to "
+            f"{MAX_PAGE}; showing page 1."
+        )
+        return 1
+    return number
 
 
 def smoothing_param() -> float:

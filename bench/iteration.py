@@ -106,7 +106,7 @@ def main() -> None:
     pool = EnginePool(str(default_model_dir()), max_model_len=1024, seed=0)
     try:
         for method in args.methods.split(","):
-            sink = run_method(pool, method, args, f"/tmp/eslab-bench-{method}")
+            sink = run_method(pool, method, args, str(data_dir() / "runs" / f"bench-{method}"))
             report(method, sink, baseline_seconds(pool, args, method))
     finally:
         pool.shutdown()

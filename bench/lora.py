@@ -83,7 +83,7 @@ def config(args: argparse.Namespace, mode: str, population: int) -> RunConfig:
     options = {
         "method": "es",
         "train_file": str(TRAIN_FILE),
-        "output_dir": f"/tmp/eslab-bench-lora/{mode}",
+        "output_dir": str(data_dir() / "runs" / "bench-lora" / mode),
         "reward_func_path": "engine.rewards.conciseness.compute_score",
         "population_size": population,
         "antithetic": True,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -35,19 +36,46 @@ weights (all that vLLM and ES Lab read), not the .bin, GGUF or ONNX copies some 
 also hold."""
 PATH_PREFIXES = (".", "/", "~", "data/")
 """A model name starting so is meant as a folder here: it is never looked up on the hub."""
+_HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
+HUB_ID = re.compile(rf"{_HUB_PART}/{_HUB_PART}")
+"""A Hugging Face hub repository id, org/name, in the characters the hub allows."""
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class ModelError(Exception):
     """A model folder that cannot be used; the message says what is wrong and what to run."""
 
 
+def local_model(name: str | Path) -> Path | None:
+    """The folder that model `name` names here (existing or not), None for a hub id."""
+    local = resolve_path(name)
+    return local if local.exists() or str(name).startswith(PATH_PREFIXES) else None
+
+
+def model_name_problem(name: str) -> str | None:
+    """Why `name` names no model, None when it may: a folder here, or a plausible hub id.
+    Checked when a run is validated, so that a typo is refused at once, not when the hub is
+    asked for a repository that cannot exist."""
+    if local_model(name) is not None or (
+        HUB_ID.fullmatch(name) and "--" not in name and ".." not in name
+    ):
+        return None
+    return (
+        "is neither a folder here nor a Hugging Face hub id (org/name of letters, digits, "
+        "'-', '_' and '.'): give a model folder such as data/models/smollm2-135m-instruct "
+        "or a hub id such as HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
+
+
 def resolve_model(name: str | Path) -> Path:
     """The checked folder of model `name`: the folder itself when it is one here, else the
     hub repository `name` downloaded (a cached download is reused, and HF_HUB_OFFLINE=1 reads
     only the cache)."""
-    local = resolve_path(name)
-    if local.exists() or str(name).startswith(PATH_PREFIXES):
+    local = local_model(name)
+    if local is not None:
         return check_model_dir(local)
+    if problem := model_name_problem(str(name)):
+        raise ModelError(f"model {str(name)[:100]!r} {problem}")
     return check_model_dir(download_from_hub(str(name)))
 
 
@@ -88,9 +116,8 @@ def check_model_dir(path: str | Path) -> Path:
         raise ModelError(f"model folder {folder} has no weights (*.safetensors); {_hint(folder)}")
     if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer.model").is_file():
         raise ModelError(f"model folder {folder} has no tokenizer; {_hint(folder)}")
-    manifest = folder / MANIFEST_NAME
-    if manifest.is_file():
-        bad = _manifest_mismatches(folder, json.loads(manifest.read_text()))
+    if (folder / MANIFEST_NAME).is_file():
+        bad = _manifest_mismatches(folder, read_manifest(folder))
         if bad:
             raise ModelError(f"model folder {folder} is corrupt ({bad[0]}); {_hint(folder)}")
     return folder
@@ -113,9 +140,39 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _manifest_mismatches(folder: Path, manifest: dict) -> list[str]:
+def read_manifest(folder: Path) -> dict[str, str]:
+    """The checksums of a folder's manifest, {file name: sha256}; a manifest that is not
+    exactly that is refused naming the file and what is wrong, so a hand-edited or hostile
+    one can neither crash the check nor make it read outside the folder."""
+    path = folder / MANIFEST_NAME
+    try:
+        with path.open("rb") as file:
+            manifest = json.loads(file.read(1 << 20))  # far more than a manifest needs
+    except (OSError, ValueError) as exc:  # ValueError: bad JSON or bad UTF-8
+        raise ModelError(
+            f"{path} is not a readable JSON manifest ({exc}); {_hint(folder)}"
+        ) from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise ModelError(
+            f"{path} must be a JSON object whose `files` maps file names to sha256 "
+            f"checksums; {_hint(folder)}"
+        )
+    for name, digest in files.items():
+        if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+            raise ModelError(
+                f"{path} names {name[:80]!r}: only files directly in the folder; {_hint(folder)}"
+            )
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise ModelError(
+                f"{path} gives {name!r} a checksum that is not 64 hex digits; {_hint(folder)}"
+            )
+    return files
+
+
+def _manifest_mismatches(folder: Path, files: dict[str, str]) -> list[str]:
     bad = []
-    for name, expected in manifest.get("files", {}).items():
+    for name, expected in files.items():
         file = folder / name
         if not file.is_file():
             bad.append(f"{name} is missing")
@@ -126,12 +183,11 @@ def _manifest_mismatches(folder: Path, manifest: dict) -> list[str]:
 
 def default_model_is_ready(folder: Path | None = None) -> bool:
     folder = folder or default_model_dir()
-    manifest = folder / MANIFEST_NAME
-    if not manifest.is_file():
+    if not (folder / MANIFEST_NAME).is_file():
         return False
     try:
-        return not _manifest_mismatches(folder, json.loads(manifest.read_text()))
-    except (json.JSONDecodeError, OSError):
+        return not _manifest_mismatches(folder, read_manifest(folder))
+    except (ModelError, OSError):
         return False
 
 

@@ -4,13 +4,15 @@ decides the run's name, steps, tags and stored configuration, for queued runs
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config import RunConfig
+from engine.config import ConfigError, FieldError, RunConfig
+from engine.config.rules import run_name_problem
 from jobs.store.records import RunRecord
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
@@ -30,7 +32,10 @@ class RunPlan:
 
 
 def default_run_name(config: RunConfig) -> str:
-    task = Path(config.data.train_file or "data").parent.name or "run"
+    """run_name, else method-task-random where task is the dataset's folder, cut down to the
+    characters a run name may have."""
+    folder = Path(config.data.train_file or "data").parent.name
+    task = re.sub(r"[^\w.-]+", "-", folder)[:40].strip("-.") or "run"
     return config.logging.run_name or f"{config.method}-{task}-{uuid.uuid4().hex[:6]}"
 
 
@@ -50,9 +55,12 @@ def plan_run(
     from engine.paths import resolve_path
     from engine.trainer import plan_total_steps
 
+    name = name or default_run_name(config)
+    if problem := run_name_problem(name):  # a name given apart from the configuration
+        raise ConfigError([FieldError("run_name", f"the run name {problem}")])
     total = plan_total_steps(config)
     return RunPlan(
-        name=name or default_run_name(config),
+        name=name,
         method=config.method,
         config=config.to_flat(),
         total_steps=total,

@@ -373,6 +373,8 @@ class Scheduler:
         # Always set, empty included: the worker allows the reward modules this process
         # validated the run against, never a wider list inherited from the Ray head.
         env[REWARD_MODULES_SETTING] = os.environ.get(REWARD_MODULES_SETTING, "")
+        if os.environ.get("ESLAB_OUTPUT_ROOTS"):  # the worker validates output_dir again
+            env["ESLAB_OUTPUT_ROOTS"] = os.environ["ESLAB_OUTPUT_ROOTS"]
         return {**env, **self.extra_env}
 
 

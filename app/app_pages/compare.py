@@ -9,11 +9,11 @@ from app.state import get_store
 from app.views import (
     duration,
     elapsed,
+    id_params,
     inert,
     label,
     mode,
     param,
-    param_list,
     set_param,
     show_error,
     smoothing_param,
@@ -26,7 +26,7 @@ X_AXES = {"step": "step", "wall time (min)": "wall_time"}
 st.title("Compare")
 store = get_store()
 try:
-    runs = [store.get_run(i) for i in param_list("runs")]
+    runs = [store.get_run(i) for i in id_params("runs")]
 except StoreError as exc:
     show_error(exc)
     st.stop()

@@ -9,7 +9,7 @@ import streamlit as st
 
 from app import actions, auth, forms
 from app.state import get_store
-from app.views import inert, param, show_error
+from app.views import id_param, inert, show_error
 from engine.config import ConfigError, config_fields
 from engine.data.datasets import DatasetError
 from engine.data.uploads import MIB, max_upload_mb
@@ -27,7 +27,7 @@ store = get_store()
 fresh = forms.key("method") not in st.session_state
 if fresh:
     st.session_state["new_errors"] = {}
-clone = param("clone")
+clone = id_param("clone")
 if clone and (fresh or st.session_state.get("new_cloned") != clone):
     try:
         parent = store.get_run(clone)
@@ -141,7 +141,7 @@ if left.button("Queue run", type="primary", icon=":material/rocket_launch:", dis
         run = actions.launch(
             store,
             config,
-            parent_id=int(clone) if clone.isdigit() else None,
+            parent_id=clone,
             tags=[t.strip() for t in tags.split(",") if t.strip()],
         )
     except ConfigError as exc:

@@ -12,6 +12,7 @@ from app.views import (
     duration,
     elapsed,
     eta,
+    id_param,
     inert,
     mode,
     param,
@@ -26,11 +27,12 @@ REFRESH_SECONDS = 5
 X_AXES = {"step": "step", "wall time (min)": "wall_time"}
 
 store = get_store()
-if not param("run"):
+run_id = id_param("run")
+if run_id is None:
     st.info("Open a run from the **Runs** page (this page's URL is `/run?run=ID`).")
     st.stop()
 try:
-    run = store.get_run(param("run"))
+    run = store.get_run(run_id)
 except StoreError as exc:
     show_error(exc)
     st.stop()

@@ -10,10 +10,10 @@ from app import actions, auth
 from app.state import get_store
 from app.views import (
     inert,
-    int_param,
     label,
     mode,
     model_name,
+    page_param,
     param,
     param_list,
     progress,
@@ -76,7 +76,7 @@ def search(page: int) -> tuple[list[RunRecord], int]:
     )
 
 
-runs, total = search(int_param("page", 1))
+runs, total = search(page_param())
 if total == 0:
     st.info(
         "No runs match."
@@ -86,7 +86,7 @@ if total == 0:
     st.stop()
 
 pages = -(-total // PAGE_SIZE)
-page = min(max(1, int_param("page", 1)), pages)
+page = min(page_param(), pages)
 if pages > 1:
     page = st.number_input(f"Page (of {pages}, {total} runs)", 1, pages, page)
     set_param("page", "" if page == 1 else str(page))

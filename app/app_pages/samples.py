@@ -5,7 +5,7 @@ import streamlit as st
 
 from app.samples_view import samples_table
 from app.state import get_store
-from app.views import label, param, set_param, show_error
+from app.views import id_param, label, set_param, show_error
 from jobs.store.errors import StoreError
 
 st.title("Samples")
@@ -15,7 +15,7 @@ if not runs:
     st.info("No runs exist yet.")
     st.stop()
 ids = [r.id for r in runs]
-wanted = int(param("run")) if param("run").isdigit() else None
+wanted = id_param("run")
 if wanted is not None and wanted not in ids:
     try:
         runs.insert(0, store.get_run(wanted))

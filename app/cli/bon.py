@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from app.cli.common import open_store
+from app.cli.common import open_store, reward_spec
 from engine.config import ConfigError, FieldError
 from jobs.store.errors import StoreError
 
@@ -21,10 +21,13 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     bon.add_argument(
         "--gold",
         required=True,
+        type=reward_spec,
         help="gold reward: a reward function dotted "
         "path, `scorer` (the run's scorer_url) or a scorer URL",
     )
-    bon.add_argument("--proxy", default="run", help="proxy reward (default: the run's own)")
+    bon.add_argument(
+        "--proxy", default="run", type=reward_spec, help="proxy reward (default: the run's own)"
+    )
     bon.add_argument("--n", default="1,2,4,8", help="comma-separated n values")
     bon.add_argument("--samples", type=int, help="answers per prompt N (default: largest n)")
     bon.add_argument("--prompts", type=int, default=16, help="prompts of the eval set")

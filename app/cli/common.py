@@ -1,6 +1,7 @@
 """What the `eslab` commands share: the errors that become one line instead of a traceback,
-the run database, run configurations from a file or preset with `--set` changes, and the
-address of a run's dashboard page."""
+the run database, run configurations from a file or preset with `--set` changes, checks of
+ports and service addresses given on the command line or in settings, and the address of a
+run's dashboard page."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.config import ConfigError, RunConfig
+from engine.config.urls import HTTP, url_problem
 from engine.data.datasets import DatasetError
 from engine.extras import MissingExtra
 from engine.model_files import ModelError
@@ -24,8 +26,16 @@ if TYPE_CHECKING:
     from jobs.store.store import Store
 
 DASHBOARD_PORT = 8501
+RAY_SCHEMES = ("ray", "http", "https")
+
+
+class SettingError(Exception):
+    """An environment setting ES Lab cannot use; the message names it."""
+
+
 USER_ERRORS: tuple[type[Exception], ...] = (
     ConfigError,
+    SettingError,
     DatasetError,
     MissingExtra,
     ModelError,
@@ -63,7 +73,35 @@ def load_config(path: str, overrides: list[str]) -> RunConfig:
     return config.with_overrides(overrides) if overrides else config
 
 
+def port(text: str) -> int:
+    """argparse type of `--port`: a number from 1 to 65535 (argparse names the option)."""
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= 65535):
+        raise argparse.ArgumentTypeError(f"{text[:20]!r} is no port: give a number from 1 to 65535")
+    return int(text)
+
+
+def reward_spec(text: str) -> str:
+    """argparse type of an option naming a reward (a dotted path, `scorer` or a scorer URL):
+    a URL with a bad port or no host is refused before anything starts."""
+    if text.startswith(tuple(f"{scheme}://" for scheme in HTTP)) and (problem := url_problem(text)):
+        raise argparse.ArgumentTypeError(f"the scorer URL {problem}")
+    return text
+
+
+def check_ray_address() -> None:
+    """RAY_ADDRESS, when set, must be `auto`, host:port, ray://host:port or http(s)://...;
+    a bad port is one line here, not a timeout of Ray's client."""
+    address = os.environ.get("RAY_ADDRESS", "").strip()
+    if address in ("", "auto", "local"):
+        return
+    if problem := url_problem(address, RAY_SCHEMES, bare=True):
+        raise SettingError(f"RAY_ADDRESS {problem}")
+
+
 def dashboard_url(run_id: int) -> str:
-    """The run's page; ESLAB_DASHBOARD_URL names the server when it is not the local one."""
+    """The run's page; ESLAB_DASHBOARD_URL names the server when it is not the local one.
+    A bad setting is said in place of the link: the run it links to exists already."""
     base = os.environ.get("ESLAB_DASHBOARD_URL", f"http://127.0.0.1:{DASHBOARD_PORT}")
+    if problem := url_problem(base):
+        return f"(no dashboard link: ESLAB_DASHBOARD_URL {problem})"
     return f"{base.rstrip('/')}/run?run={run_id}"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from app.cli.common import port
+
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     from scorer.default import default_scorer_dir
@@ -21,7 +23,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="address to bind: 127.0.0.1 (default) is this machine only; any other address "
         "needs a token in ESLAB_SCORER_TOKEN (the runs send it from their environment)",
     )
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=port, default=8000)
     serve.add_argument(
         "--reward-model",
         default=str(default_scorer_dir() / "reward"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.cli.common import DASHBOARD_PORT, print_error
+from app.cli.common import DASHBOARD_PORT, check_ray_address, port, print_error
 
 NO_LOGIN_FLAG = "--insecure-no-login"
 
@@ -24,7 +24,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="address to bind: 127.0.0.1 (default) is this machine only; any other address "
         "(0.0.0.0 shares the dashboard) needs logins: set ESLAB_AUTH_FILE",
     )
-    serve.add_argument("--port", type=int, default=DASHBOARD_PORT)
+    serve.add_argument("--port", type=port, default=DASHBOARD_PORT)
     serve.add_argument(
         "--max-concurrent-runs",
         type=int,
@@ -54,6 +54,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from jobs.scheduler import SchedulerSettings
     from jobs.service import ServiceError, serve
 
+    check_ray_address()
     overrides = {}
     if args.max_concurrent_runs is not None:
         overrides["max_concurrent_runs"] = args.max_concurrent_runs

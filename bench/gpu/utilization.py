@@ -60,7 +60,7 @@ def es_config(args: argparse.Namespace, lora: bool) -> RunConfig:
         "method": "es",
         "model": args.model,
         "train_file": str(TRAIN_FILE),
-        "output_dir": "/tmp/eslab-gpu-bench",
+        "output_dir": str(data_dir() / "runs" / "bench-gpu"),
         "reward_func_path": "engine.rewards.conciseness.compute_score",
         "population_size": args.population,
         "data_batch_size": args.prompts,

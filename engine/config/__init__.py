@@ -37,7 +37,7 @@ from engine.config.schema import (
     SamplingConfig,
     config_fields,
 )
-from engine.config.validation import flatten
+from engine.config.validation import flatten, scalar_errors
 from engine.config.yaml_io import read_yaml
 
 __all__ = [
@@ -60,4 +60,5 @@ __all__ = [
     "config_fields",
     "flatten",
     "read_yaml",
+    "scalar_errors",
 ]

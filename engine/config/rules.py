@@ -4,6 +4,7 @@ problems it finds."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -290,3 +291,59 @@ def _macro_with_cost(v: dict[str, Any]) -> Iterator[FieldError]:
             "alignment.scorer_url: it shapes rewards per sample "
             "and would ignore lambda * cost; set it false",
         )
+
+
+# Paths, names, the model and service addresses: what whoever launches a run may point at
+
+
+RUN_NAME = re.compile(r"\w(?:[\w .-]{0,98}[\w.-])?")
+"""A run's name: letters (any script), digits, '_', '-', '.' and inner spaces, at most 100
+characters, starting with a letter, digit or '_'. Names are shown on pages and in exports
+and file names: no markup, slashes, quotes or control characters."""
+
+
+def run_name_problem(name: str) -> str | None:
+    """Why `name` is no run name, None when it is one."""
+    if RUN_NAME.fullmatch(name):
+        return None
+    return (
+        f"must be 1 to 100 letters, digits, '_', '-', '.' or inner spaces, starting with a "
+        f"letter, digit or '_', got {name[:100]!r}"
+    )
+
+
+@_rule("run_name")
+def _run_name(v: dict[str, Any]) -> Iterator[FieldError]:
+    if v["run_name"] is not None and (problem := run_name_problem(v["run_name"])):
+        yield FieldError("run_name", f"logging.run_name {problem}")
+
+
+@_rule("output_dir", "model")
+def _output_dir(v: dict[str, Any]) -> Iterator[FieldError]:
+    from engine.model_files import local_model
+    from engine.paths import default_model_dir, output_dir_problem
+
+    if v["output_dir"] is None:
+        return
+    models = [m for m in (local_model(v["model"]), default_model_dir()) if m is not None]
+    if problem := output_dir_problem(v["output_dir"], models):
+        yield FieldError("output_dir", f"data.output_dir {v['output_dir'][:200]!r} {problem}")
+
+
+@_rule("model")
+def _model_name(v: dict[str, Any]) -> Iterator[FieldError]:
+    from engine.model_files import model_name_problem
+
+    if problem := model_name_problem(v["model"]):
+        yield FieldError("model", f"model.model {v['model'][:100]!r} {problem}")
+
+
+@_rule("scorer_url", "ensemble_members")
+def _service_urls(v: dict[str, Any]) -> Iterator[FieldError]:
+    from engine.config.urls import url_problem
+
+    if v["scorer_url"] is not None and (problem := url_problem(v["scorer_url"])):
+        yield FieldError("scorer_url", f"alignment.scorer_url {problem}")
+    for member in (v["ensemble_members"] or "").split(","):
+        if member.strip().startswith(("http://", "https://")) and (problem := url_problem(member)):
+            yield FieldError("ensemble_members", f"ensemble.ensemble_members: a URL {problem}")

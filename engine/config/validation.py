@@ -8,7 +8,7 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-from engine.config.coercion import Invalid, check_type, check_value, coerce
+from engine.config.coercion import Invalid, check_scalar, check_type, check_value, coerce
 from engine.config.errors import FieldError, show
 from engine.config.fields import METHODS
 from engine.config.rules import RULES
@@ -56,6 +56,19 @@ def flatten(mapping: Mapping[str, Any]) -> tuple[dict[str, Any], list[FieldError
         else:
             put(None, key, value)
     return flat, errors
+
+
+def scalar_errors(flat: Mapping[str, Any]) -> list[FieldError]:
+    """The options of flat values given a list, a mapping or another non-scalar. Validation
+    refuses them too; the form checks this on import, as its widgets would otherwise hold
+    the container's text."""
+    errors = []
+    for name, value in flat.items():
+        try:
+            check_scalar(SPECS[name], value)
+        except Invalid as exc:
+            errors.append(FieldError(name, f"{SPECS[name].path} {exc}"))
+    return errors
 
 
 def problems(given: dict[str, Any], coerce_text: bool) -> list[FieldError]:

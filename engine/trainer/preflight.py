@@ -12,7 +12,7 @@ from engine.batches import Batches, Position
 from engine.config import RunConfig
 from engine.data.datasets import Example, load_dataset
 from engine.lowrank.population import LoraPopulation, engine_args
-from engine.model_files import check_model_dir, resolve_model
+from engine.model_files import check_model_dir, local_model, resolve_model
 from engine.paths import resolve_path
 from engine.scoring.sources import function_paths
 from engine.sink import Sink
@@ -49,9 +49,8 @@ def plan_total_steps(config: RunConfig) -> int:
     from engine.rewards import check_arguments, load_reward_function
 
     functions = {path: load_reward_function(path) for path in function_paths(config)}
-    model = resolve_path(config.model.model)
-    if model.exists() or config.model.model.startswith((".", "/", "data/")):
-        check_model_dir(model)
+    if (folder := local_model(config.model.model)) is not None:
+        check_model_dir(folder)  # a hub id is checked when it is downloaded, by the worker
     data = load_data(config)
     for path, func in functions.items():
         for option, examples in (("train_file", data.train_set), ("eval_file", data.eval_set)):
@@ -64,8 +63,8 @@ def model_folder(config: RunConfig) -> Path:
     """The run's model as a folder here: the local folder it names, else the Hugging Face hub
     repository of that id, downloaded into the hub cache (a clear ModelError where the hub
     cannot be reached). Local folders are taken as they are: plan_total_steps checked them."""
-    local = resolve_path(config.model.model)
-    return local if local.exists() else resolve_model(config.model.model)
+    local = local_model(config.model.model)
+    return local if local is not None and local.exists() else resolve_model(config.model.model)
 
 
 def start_pool(config: RunConfig) -> EnginePool:

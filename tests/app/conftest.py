@@ -15,6 +15,7 @@ from engine.sink import PopulationRecord, SampleRecord, StepReport
 from jobs.store.migrate import upgrade
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
+from tests.outputs import allow_temporary_outputs  # noqa: F401 (an autouse fixture)
 
 REWARD = "engine.rewards.conciseness.compute_score"
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # a hub name: queueing does not check it

@@ -10,7 +10,6 @@ import pytest
 
 from app.cli import main
 from engine.model_files import MANIFEST_NAME
-from jobs.store.database import make_engine
 from jobs.store.migrate import upgrade
 
 ESLAB = str(Path(sys.executable).with_name("eslab"))
@@ -68,11 +67,7 @@ def test_an_unreachable_database_is_one_line(capsys, monkeypatch):
 
 def test_an_outdated_database_names_the_upgrade_command(capsys, monkeypatch, tmp_path):
     url = f"sqlite:///{tmp_path / 'old.db'}"
-    upgrade(url)
-    engine = make_engine(url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '0000'")
-    engine.dispose()
+    upgrade(url, "0001")
     monkeypatch.setenv("ESLAB_DATABASE_URL", url)
     err = one_line_error(capsys, ["serve", "--port", "1"])
     assert "eslab db upgrade" in err

@@ -20,7 +20,7 @@ def test_import_reads_flat_nested_and_dotted_keys_typed_like_the_cli(tmp_path):
     }
     path = tmp_path / "run.yaml"
     path.write_text(
-        text + "train_file: t.parquet\noutput_dir: out\n"
+        text + "train_file: t.parquet\noutput_dir: data/runs/out\n"
         "reward_func_path: engine.rewards.gsm8k.compute_score\n"
     )
     assert RunConfig.from_flat(parse_yaml(path.read_bytes())) == RunConfig.from_yaml(path)

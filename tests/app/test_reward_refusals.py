@@ -24,7 +24,7 @@ def no_setting(monkeypatch):
 
 def test_the_form_shows_the_refusal_under_the_field():
     config, errors = validate(
-        {"train_file": "t.parquet", "output_dir": "o", "reward_func_path": "os.system"}
+        {"train_file": "t.parquet", "output_dir": "data/runs/o", "reward_func_path": "os.system"}
     )
     assert config is None
     assert errors == {"reward_func_path": NOT_ALLOWED}

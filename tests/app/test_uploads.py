@@ -27,8 +27,13 @@ from tests.app.conftest import make_config
 
 MAIN = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
 TIMEOUT = 60
-EDITOR = auth.User("ed", "editor")
-VIEWER = auth.User("vi", "viewer")
+EDITOR = "ed"
+VIEWER = "vi"
+
+
+def session(name: str) -> auth.Session:
+    """What a login of `name` (a user of the store fixture's auth file) leaves in the tab."""
+    return auth.signed_in(auth.load_users(auth.auth_path())[name])
 
 
 @pytest.fixture
@@ -48,9 +53,9 @@ def store(seeded_url, monkeypatch, tmp_path):
     st.cache_resource.clear()
 
 
-def new_run_page(user: auth.User) -> AppTest:
+def new_run_page(user: str) -> AppTest:
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
-    at.session_state[auth.SESSION_KEY] = user
+    at.session_state[auth.SESSION_KEY] = session(user)
     at.run()
     return at.switch_page("app_pages/new_run.py").run()
 
@@ -98,12 +103,12 @@ def test_the_upload_function_refuses_a_viewer(store, dataset):
     at = AppTest.from_function(
         keep_as_page_would, args=(dataset.read_bytes(),), default_timeout=TIMEOUT
     )
-    at.session_state[auth.SESSION_KEY] = VIEWER
+    at.session_state[auth.SESSION_KEY] = session(VIEWER)
     at.run()
     assert not at.exception
     assert [e.value for e in at.error] == ["vi is a viewer: only editors may upload datasets"]
     assert kept_files() == []
-    at.session_state[auth.SESSION_KEY] = EDITOR
+    at.session_state[auth.SESSION_KEY] = session(EDITOR)
     at.run()
     assert len(kept_files()) == 1
 
@@ -244,7 +249,7 @@ def test_a_checkpoint_over_the_download_cap_is_refused(store, tmp_path, monkeypa
     monkeypatch.setenv("ESLAB_MAX_DOWNLOAD_MB", "1")
     run_id, folder = checkpoint(store, tmp_path, 1.5)
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
-    at.session_state[auth.SESSION_KEY] = VIEWER
+    at.session_state[auth.SESSION_KEY] = session(VIEWER)
     at.run()
     at.query_params["run"] = str(run_id)
     at.switch_page("app_pages/run.py").run()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine.backends.pool import EnginePool
+from tests.outputs import allow_temporary_outputs  # noqa: F401 (an autouse fixture)
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ import pytest
 
 from jobs.store.migrate import upgrade
 from jobs.store.store import Store
+from tests.outputs import allow_temporary_outputs  # noqa: F401 (an autouse fixture)
 
 PG_USER = "eslab"
 

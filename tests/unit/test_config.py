@@ -19,7 +19,7 @@ from engine.schedules import SCHEDULES
 
 BASE = {
     "train_file": "train.parquet",
-    "output_dir": "out",
+    "output_dir": "data/runs/out",
     "reward_func_path": "engine.rewards.countdown.compute_score",
 }
 
@@ -124,7 +124,7 @@ def test_strings_are_coerced_to_the_field_type():
         ("noise_std", "nan", "es.noise_std must be a finite number, got 'nan'"),
         ("antithetic", "maybe", "es.antithetic must be true or false, got 'maybe'"),
         ("antithetic", 2, "es.antithetic must be true or false, got 2"),
-        ("model", ["a"], "model.model must be a string, got ['a'] (list)"),
+        ("model", ["a"], "model.model must be one value (text), got a list of 1 item(s)"),
         ("model", " ", "model.model must not be empty"),
     ],
 )
@@ -332,14 +332,14 @@ def test_nested_and_dotted_input():
     cfg = RunConfig.from_flat(
         {
             "method": "lbes",
-            "data": {"train_file": "t", "output_dir": "o"},
+            "data": {"train_file": "t", "output_dir": "data/runs/o"},
             "reward.reward_func_path": "engine.rewards.gsm8k.compute_score",
-            "model": {"model": "m"},
+            "model": {"model": "org/m"},
             "es": {"noise_std": 0.01},
             "top_k_rewards": 2,
         }
     )
-    assert (cfg.data.train_file, cfg.model.model, cfg.es.noise_std) == ("t", "m", 0.01)
+    assert (cfg.data.train_file, cfg.model.model, cfg.es.noise_std) == ("t", "org/m", 0.01)
     assert cfg.reward.reward_func_path == "engine.rewards.gsm8k.compute_score"
     assert cfg.lbes.top_k_rewards == 2
     # `model` given flat is the option, not the group
@@ -435,7 +435,7 @@ def test_yaml_round_trip(rich, tmp_path):
 def test_handwritten_yaml_flat_and_nested(tmp_path):
     flat = tmp_path / "flat.yaml"
     flat.write_text(
-        "method: lbes\ntrain_file: t.parquet\noutput_dir: out\n"
+        "method: lbes\ntrain_file: t.parquet\noutput_dir: data/runs/out\n"
         "reward_func_path: engine.rewards.gsm8k.compute_score\n"
         "noise_std: 1e-3\neval_strategy: no\nsave_strategy: epoch\n"
         "flat_corrcoef: true\n"
@@ -447,7 +447,7 @@ def test_handwritten_yaml_flat_and_nested(tmp_path):
 
     nested = tmp_path / "nested.yaml"
     nested.write_text(
-        "method: lbes\ndata:\n  train_file: t.parquet\n  output_dir: out\n"
+        "method: lbes\ndata:\n  train_file: t.parquet\n  output_dir: data/runs/out\n"
         "reward:\n  reward_func_path: engine.rewards.gsm8k.compute_score\n"
         "es:\n  noise_std: 1.0e-3\neval:\n  save_strategy: epoch\n"
         "lbes:\n  flat_corrcoef: true\n"

@@ -140,18 +140,20 @@ def test_a_model_folder_without_weights_is_a_clear_error(tmp_path):
     from engine.config import RunConfig
     from engine.lowrank.population import LoraPopulation
 
+    model = tmp_path / "model"
+    model.mkdir()
     config = RunConfig.from_flat(
         {
             "method": "es",
             "perturbation": "lora",
-            "model": str(tmp_path),
+            "model": str(model),
             "train_file": "x.parquet",
             "output_dir": str(tmp_path / "out"),
             "reward_func_path": "engine.rewards.conciseness.compute_score",
         }
     )
     with pytest.raises(ValueError, match=r"model: no safetensors weights in .*lora mode"):
-        LoraPopulation(config, tmp_path)
+        LoraPopulation(config, model)
 
 
 def test_worker_draws_each_seed_once_and_keeps_them_for_the_update():

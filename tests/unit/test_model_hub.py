@@ -99,7 +99,7 @@ def test_a_run_on_a_hub_model_starts_from_the_downloaded_folder(monkeypatch, tmp
     required = {
         "method": "es",
         "train_file": "train.parquet",
-        "output_dir": "out",
+        "output_dir": "data/runs/out",
         "reward_func_path": "engine.rewards.conciseness.compute_score",
     }
     config = RunConfig.from_flat({**required, "model": "some-org/tiny-model"})

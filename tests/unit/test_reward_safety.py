@@ -63,7 +63,7 @@ def no_setting(monkeypatch):
 
 
 def config(**options) -> RunConfig:
-    return RunConfig.from_flat({"train_file": "t.parquet", "output_dir": "o", **options})
+    return RunConfig.from_flat({"train_file": "t.parquet", "output_dir": "data/runs/o", **options})
 
 
 def errors_of(**options) -> dict[str, str]:

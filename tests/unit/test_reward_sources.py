@@ -23,7 +23,7 @@ ARGS = [{"target": "abc"}, {"target": "a"}]
 
 
 def config(**options) -> RunConfig:
-    return RunConfig.from_flat({"train_file": "t.parquet", "output_dir": "o", **options})
+    return RunConfig.from_flat({"train_file": "t.parquet", "output_dir": "data/runs/o", **options})
 
 
 def length(completion_text: str, target: str) -> dict:
