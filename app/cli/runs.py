@@ -83,6 +83,10 @@ def cmd_clone(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    from jobs.liveness import status_label
+    from jobs.scheduler import SchedulerSettings
+
+    timeout = SchedulerSettings.from_env().heartbeat_timeout_seconds
     with open_store() as store:
         runs = store.list_runs(limit=args.limit)
     if not runs:
@@ -94,7 +98,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
             str(r.id),
             r.name,
             r.method,
-            r.status.value,
+            status_label(r, timeout),
             f"{r.step}/{r.total_steps or '?'}",
             r.created_at.astimezone().strftime("%Y-%m-%d %H:%M"),
         )
@@ -113,6 +117,13 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         run = store.request_cancel(args.run)
     if run.status is RunStatus.CANCELLED:
         print(f"run {run.id} cancelled (it had not started)")
+    elif run.ray_submission_id is None:
+        print(
+            f"run {run.id} is cancelling: its `eslab train` process finishes the current "
+            "step, saves a checkpoint and ends it cancelled; if that process is gone, "
+            "`eslab serve` ends it cancelled once its heartbeat is ESLAB_HEARTBEAT_TIMEOUT_S "
+            "old (`eslab resume` continues it)"
+        )
     else:
         print(
             f"run {run.id} is cancelling: its job finishes the current step, saves a "

@@ -15,3 +15,8 @@ class RunNotFoundError(StoreError):
 
 class InvalidTransitionError(StoreError):
     pass
+
+
+class StaleAttemptError(StoreError):
+    """A write of an attempt that is over: the run was resumed as a newer attempt, or ended
+    without it. Nothing of the write was kept; the worker that made it must stop."""

@@ -198,7 +198,7 @@ def test_a_second_signal_abandons_the_step_at_once(sqlite_store, sqlite_url, tmp
 def test_the_first_outcome_recorded_stands(sqlite_store, tmp_path):
     run = queue_run(sqlite_store, tmp_path / "out")
     assert sqlite_store.start_run(run.id)
-    outcome = RunOutcome(sqlite_store, run.id)
+    outcome = RunOutcome(sqlite_store, run.id, run.attempt)
     outcome.succeeded(tmp_path / "out")
     outcome.cancelled("too late")
     assert sqlite_store.get_run(run.id).status is RunStatus.SUCCEEDED
@@ -211,6 +211,6 @@ def test_a_cancel_as_the_last_step_ended_ends_the_run_cancelled(sqlite_store, tm
     run = queue_run(sqlite_store, tmp_path / "out")
     assert sqlite_store.start_run(run.id)
     sqlite_store.request_cancel(run.id)
-    RunOutcome(sqlite_store, run.id).succeeded(tmp_path / "out")
+    RunOutcome(sqlite_store, run.id, run.attempt).succeeded(tmp_path / "out")
     assert sqlite_store.get_run(run.id).status is RunStatus.CANCELLED
     assert sqlite_store.events(run.id)[-1].message.startswith("the cancel came as the last step")
