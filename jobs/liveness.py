@@ -19,18 +19,22 @@ def silent_seconds(run: RunRecord, now: datetime | None = None) -> float | None:
     return ((now or datetime.now(UTC)) - last).total_seconds()
 
 
-def is_silent(run: RunRecord, timeout: float, now: datetime | None = None) -> bool:
+def stale_for(run: RunRecord, timeout: float, now: datetime | None = None) -> str | None:
+    """How long the live run's worker has been silent, in words, once that is past the
+    timeout; None otherwise. Without `eslab serve`, nothing ends a run whose worker was
+    killed: this is how the dashboard and `eslab runs` tell it."""
     silent = silent_seconds(run, now)
-    return silent is not None and silent > timeout
+    return None if silent is None or silent <= timeout else _minutes(silent)
 
 
 def status_label(run: RunRecord, timeout: float, now: datetime | None = None) -> str:
-    """The run's status, with how long it has been silent when that is past the timeout:
-    without `eslab serve`, nothing ends a run whose worker was killed."""
-    silent = silent_seconds(run, now)
-    if silent is None or silent <= timeout:
-        return run.status.value
-    return f"{run.status.value} (stale: no heartbeat for {_minutes(silent)})"
+    """The run's status, marked stale once its worker is silent past the timeout."""
+    stale = stale_for(run, timeout, now)
+    return (
+        run.status.value
+        if stale is None
+        else f"{run.status.value} (stale: no heartbeat for {stale})"
+    )
 
 
 def _minutes(seconds: float) -> str:

@@ -10,9 +10,12 @@ from app.samples_view import lbes_view, samples_table
 from app.state import get_store
 from app.views import duration, elapsed, eta, mode, param, set_param, smoothing_param
 from engine.paths import resolve_path
+from jobs.liveness import stale_for
+from jobs.scheduler import SchedulerSettings
 from jobs.store.errors import StoreError
 
 REFRESH_SECONDS = 5
+HEARTBEAT_TIMEOUT = SchedulerSettings.from_env().heartbeat_timeout_seconds
 X_AXES = {"step": "step", "wall time (min)": "wall_time"}
 
 store = get_store()
@@ -36,6 +39,13 @@ def status() -> None:
     c2.metric("Step", f"{current.step} / {current.total_steps or '?'}")
     c3.metric("Elapsed", duration(elapsed(current)))
     c4.metric("Time left", duration(eta(current)))
+    silent = stale_for(current, HEARTBEAT_TIMEOUT)
+    if silent:
+        st.warning(
+            f"No heartbeat from this run's worker for {silent}: it may be gone. `eslab serve` "
+            "ends such a run once ESLAB_HEARTBEAT_TIMEOUT_S has passed; until one runs, the "
+            f"run stays {current.status.value}."
+        )
     if current.error:
         st.error(current.error)
     actions.buttons(store, current, "run")
