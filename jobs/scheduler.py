@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import shlex
 import socket
@@ -88,9 +89,15 @@ class SchedulerSettings:
         for field_name, (var, kind) in names.items():
             if environ.get(var):
                 try:
-                    values[field_name] = kind(environ[var])
+                    value = kind(environ[var])
                 except ValueError:
-                    raise ValueError(f"{var} must be a number, got {environ[var]!r}") from None
+                    value = None
+                # Zero or less would, for the heartbeat timeout, fail every healthy run.
+                if value is None or not math.isfinite(value) or value <= 0:
+                    raise ValueError(
+                        f"{var} must be a finite number above 0, got {environ[var]!r}"
+                    ) from None
+                values[field_name] = value
         return cls(**{**values, **overrides})
 
 

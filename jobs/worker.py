@@ -205,7 +205,7 @@ class Worker:
         from engine.config import RunConfig
 
         run = self.store.get_run(self.run_id)
-        attempt = self.attempt or run.attempt
+        attempt = run.attempt if self.attempt is None else self.attempt
         expected = RunStatus.RUNNING if self.foreground else RunStatus.QUEUED
         if run.status is not expected or run.attempt != attempt:
             log.info(
@@ -368,6 +368,12 @@ def _restore_signal_handlers(previous: dict[int, Any]) -> None:
         signal.signal(sig, handler)
 
 
+def _attempt_number(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1, got {text!r}")
+    return int(text)
+
+
 def _seconds(name: str, default: float) -> float:
     value = os.environ.get(name)
     return float(value) if value else default
@@ -380,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_id", help="the run's id or uuid")
     parser.add_argument(
         "--attempt",
-        type=int,
+        type=_attempt_number,
         help="the attempt this job runs (the scheduler names it); a run at another attempt "
         "is left alone. Default: the run's attempt when the worker starts",
     )

@@ -247,3 +247,10 @@ def test_a_late_job_of_an_earlier_attempt_leaves_the_run_alone(sqlite_store, sql
     code, out = finish(start_worker(sqlite_url, run.id, attempt="2"))
     assert code == 0, out
     assert sqlite_store.get_run(run.id).status is RunStatus.SUCCEEDED
+
+
+@pytest.mark.parametrize("attempt", ["0", "-1", "1.5", "two"])
+def test_an_attempt_that_is_not_a_whole_number_from_1_is_refused(sqlite_store, sqlite_url, attempt):
+    code, out = finish(start_worker(sqlite_url, 1, attempt=attempt))
+    assert code == 2
+    assert f"argument --attempt: must be a whole number from 1, got '{attempt}'" in out
