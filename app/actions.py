@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import streamlit as st
 
 from app import auth
+from app.views import inert
 from engine.config import RunConfig
 from jobs.launch import queue_run
 from jobs.store.errors import StoreError
@@ -28,7 +29,7 @@ def allowed(action: str) -> bool:
     try:
         auth.require_editor(action)
     except auth.PermissionDenied as exc:
-        st.error(str(exc))
+        st.error(inert(exc))
         return False
     return True
 
@@ -49,7 +50,7 @@ def cancel(store: Store, run_id: int) -> None:
     try:
         run = store.request_cancel(run_id)
     except StoreError as exc:
-        st.error(str(exc))
+        st.error(inert(exc))
         return
     st.toast(f"run {run.id} is {run.status.value}")
 
@@ -63,7 +64,7 @@ def resume(store: Store, run_id: int) -> None:
         checkpoint = latest_checkpoint(store, run_id)
         run = store.resume_run(run_id, checkpoint.step if checkpoint else 0)
     except StoreError as exc:
-        st.error(str(exc))
+        st.error(inert(exc))
         return
     st.toast(f"run {run.id} queued again (attempt {run.attempt})")
 
@@ -82,7 +83,7 @@ def delete(store: Store, runs: Sequence[RunRecord]) -> bool:
         try:
             store.delete_run(r.id)
         except StoreError as exc:
-            st.error(str(exc))
+            st.error(inert(exc))
             return False
     return True
 
@@ -94,7 +95,7 @@ def confirm_delete(store: Store, runs: list[RunRecord]) -> None:
         "This removes everything these runs recorded from the database "
         "(their output folders stay on disk):"
     )
-    st.markdown("\n".join(f"- {r.name} (#{r.id})" for r in runs))
+    st.markdown("\n".join(f"- {inert(r.name)} (#{r.id})" for r in runs))
     if st.button("Delete", type="primary", key="delete_confirm") and delete(store, runs):
         st.rerun()
 

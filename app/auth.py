@@ -1,6 +1,6 @@
 """Who may use the dashboard: with ESLAB_AUTH_FILE set, a login is required and only editors
 may launch, cancel, clone, resume or delete runs; without it the dashboard is open (one local
-user, who is an editor).
+user, who is an editor), which `eslab serve` allows on loopback only (app/cli/serve.py).
 
 The file (YAML, or TOML when it ends in .toml) maps user names to a role and a salted scrypt
 hash, never a password:
@@ -10,7 +10,11 @@ hash, never a password:
 
 `eslab users add/list/remove` writes it. The check that matters is `require_editor`, called
 by the functions in app/actions.py that do the work, so a hidden button is a convenience and
-not the protection."""
+not the protection.
+
+A login lasts as long as its browser tab, but the rights do not: every check reads the user's
+role from the file again (a stat per check; the file is parsed only when it changed), so a
+user who is removed, demoted or given a new password loses the rights at their next action."""
 
 from __future__ import annotations
 
@@ -20,6 +24,9 @@ import hmac
 import json
 import os
 import secrets
+import tempfile
+import threading
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +62,24 @@ class User:
 
 
 LOCAL_USER = User("local", "editor")  # everyone, when no auth file is configured
+
+
+@dataclass(frozen=True)
+class Session:
+    """What a browser tab keeps after a login: the name and a fingerprint of the password
+    hash it logged in with, never the role (read from the file at each check) nor the hash."""
+
+    name: str
+    stamp: str
+
+
+def signed_in(user: User) -> Session:
+    """The session value of `user` (a User of the file, with its hash) after a login."""
+    return Session(user.name, _stamp(user.password_hash))
+
+
+def _stamp(password_hash: str) -> str:
+    return hashlib.sha256(password_hash.encode()).hexdigest()
 
 
 # -- passwords ----------------------------------------------------------------------------
@@ -141,8 +166,37 @@ def load_users(path: Path) -> dict[str, User]:
     return users
 
 
+# The file parsed once per version: (path) -> ((inode, size, mtime, ctime), users).
+_cache: dict[str, tuple[tuple[int, int, int, int], dict[str, User]]] = {}
+_cache_lock = threading.Lock()
+# A file changed this recently may change again within the file system's timestamp
+# granularity without its stat changing, so it is not cached yet (git's "racily clean" rule).
+RACY_S = 2.0
+
+
+def cached_users(path: Path) -> dict[str, User]:
+    """load_users(path), parsed again only when the file's inode, size, mtime or ctime
+    changed: every role check calls it, so a check costs one stat."""
+    try:
+        st = path.stat()
+    except OSError:
+        return load_users(path)  # its message says the file is missing
+    version = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    with _cache_lock:
+        hit = _cache.get(str(path))
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        users = load_users(path)
+        if time.time() - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 > RACY_S:
+            _cache[str(path)] = (version, users)
+        else:
+            _cache.pop(str(path), None)
+        return users
+
+
 def save_users(path: Path, users: dict[str, User]) -> None:
-    """Write `users` to `path` (YAML, or TOML for .toml), readable by its owner only."""
+    """Write `users` to `path` (YAML, or TOML for .toml), readable by its owner only. The
+    new text replaces the file in one step, so the dashboard never reads half a file."""
     entries = {
         u.name: {"role": u.role, "password": u.password_hash}
         for u in sorted(users.values(), key=lambda u: u.name)
@@ -156,9 +210,18 @@ def save_users(path: Path, users: dict[str, User]) -> None:
         )
     else:
         text = yaml.safe_dump({"users": entries}, sort_keys=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch(mode=0o600, exist_ok=True)
-    path.write_text(text)
+    target = Path(os.path.realpath(path))  # a link to the file stays a link
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        os.unlink(temp)
+        raise
 
 
 def add_user(path: Path, name: str, role: str, password: str) -> User:
@@ -195,13 +258,38 @@ _DUMMY_HASH = hash_password("not-a-password")
 # -- the dashboard session ----------------------------------------------------------------
 
 
+def session_user(path: Path, session: object) -> User | None:
+    """The user `session` stands for now, with the role the file gives them now; None when
+    they were removed or their password changed since the login; AuthError when the file
+    cannot be read."""
+    if not isinstance(session, Session):
+        return None
+    user = cached_users(path).get(session.name)
+    if user is None or not hmac.compare_digest(session.stamp, _stamp(user.password_hash)):
+        return None
+    return User(user.name, user.role)
+
+
 def current_user() -> User | None:
-    """The logged-in user; LOCAL_USER when auth is off; None when nobody has logged in."""
+    """The logged-in user as the auth file has them now; LOCAL_USER when auth is off; None
+    when nobody has logged in. A session whose user was removed or whose password changed
+    ends here (the tab is asked to log in again); while the file cannot be read, nobody has
+    rights, but sessions survive until it is fixed."""
     import streamlit as st
 
-    if auth_path() is None:
+    path = auth_path()
+    if path is None:
         return LOCAL_USER
-    return st.session_state.get(SESSION_KEY)
+    session = st.session_state.get(SESSION_KEY)
+    if session is None:
+        return None
+    try:
+        user = session_user(path, session)
+    except AuthError:
+        return None
+    if user is None:
+        st.session_state.pop(SESSION_KEY, None)
+    return user
 
 
 def can_edit() -> bool:
@@ -211,7 +299,8 @@ def can_edit() -> bool:
 
 def require_editor(action: str) -> User:
     """The current user when they may `action` (e.g. "cancel runs"); PermissionDenied with
-    a message saying who they are and who may, otherwise."""
+    a message saying who they are and who may, otherwise. The role is the auth file's at
+    this moment, not the one the user had when they logged in."""
     user = current_user()
     if user is None:
         raise PermissionDenied(f"log in as an editor to {action}")

@@ -1,5 +1,5 @@
 """The New run form, generated from engine.config.config_fields() (no option restated here),
-and the configuration diff of Compare."""
+its dataset upload, and the configuration diff of Compare."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from app import actions
+from app.views import inert
 from engine.config import ConfigError, FieldSpec, RunConfig, config_fields, flatten, read_yaml
+from engine.data.datasets import DatasetError
+from engine.data.uploads import config_path, keep_upload
+from jobs.store.store import Store
+from jobs.uploads import clean_uploads
 
 PREFIX = "new_"
 GROUP_TITLES = {
@@ -62,6 +68,24 @@ def parse_yaml(text: str | bytes, source: str = "the YAML") -> dict[str, Any]:
     return flat
 
 
+def upload_dataset(store: Store, name: str, data: bytes) -> None:
+    """Keep an uploaded parquet dataset (see engine.data.uploads) and make it the form's
+    train_file. Editors only, checked here where the file is written, as every action
+    checks the role where it acts (the page also disables the uploader for a viewer, and
+    Streamlit discards what a browser sends for a disabled widget). Says what happened,
+    then removes unused old uploads."""
+    if not actions.allowed("upload datasets"):
+        return
+    try:
+        kept = keep_upload(data, name)
+    except DatasetError as exc:
+        st.error(inert(f"dataset refused: {exc}"))
+        return
+    st.session_state[key("train_file")] = config_path(kept.path)
+    st.success(inert(f"{name}: {kept.rows} prompts, saved as {kept.path}"))
+    clean_uploads(store)
+
+
 def ensure_defaults() -> None:
     if key("method") not in st.session_state:
         load_into_form({})
@@ -77,7 +101,7 @@ def _widget(spec: FieldSpec, errors: dict[str, str]) -> None:
     else:
         st.text_input(label, key=k, help=spec.help, placeholder="none" if spec.nullable else None)
     if spec.name in errors:
-        st.error(errors[spec.name], icon=":material/error:")
+        st.error(inert(errors[spec.name]), icon=":material/error:")
 
 
 def render_fields(errors: dict[str, str]) -> None:

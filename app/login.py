@@ -1,12 +1,26 @@
 """The login form and the sidebar's "signed in as" line, shown by app/main.py when
-ESLAB_AUTH_FILE is set. The user lives in st.session_state: a reload or a new tab asks
-again (the URL, and so the view, survives the login)."""
+ESLAB_AUTH_FILE is set. The session lives in st.session_state: a reload or a new tab asks
+again (the URL, and so the view, survives the login). Failed logins slow down per user name
+and per client (app/login_throttle.py).
+
+"Client" is the address Streamlit reports for the tab's connection (st.context.ip_address):
+the peer of the WebSocket, or the X-Forwarded-For address when the peer is a proxy on this
+machine (uvicorn, which serves Streamlit, trusts those headers from 127.0.0.1 and ::1 only,
+or from FORWARDED_ALLOW_IPS). Streamlit reports None for this machine itself, so every local
+tab is one client, "local"; behind a proxy that sends no X-Forwarded-For, every visitor is
+that proxy, and only the per-name throttle tells them apart."""
 
 from __future__ import annotations
+
+import math
 
 import streamlit as st
 
 from app import auth
+from app.login_throttle import THROTTLE
+from app.views import inert
+
+LOCAL_CLIENT = "local"
 
 
 def login_gate() -> auth.User | None:
@@ -14,30 +28,45 @@ def login_gate() -> auth.User | None:
     path = auth.auth_path()
     if path is None:
         return auth.LOCAL_USER
-    user = st.session_state.get(auth.SESSION_KEY)
-    if user is not None:
-        return user
     try:
-        users = auth.load_users(path)
+        users = auth.cached_users(path)
     except auth.AuthError as exc:
         st.error(str(exc))
         return None
+    had_session = auth.SESSION_KEY in st.session_state
+    user = auth.current_user()
+    if user is not None:
+        return user
     st.title("ES Lab")
+    if had_session:
+        st.info("Your session ended: your account was removed or its password changed.")
     with st.form("login"):
         st.subheader("Log in")
         name = st.text_input("User name", key="login_name")
         password = st.text_input("Password", type="password", key="login_password")
         submitted = st.form_submit_button("Log in", type="primary")
     if submitted:
-        user = auth.authenticate(users, name.strip(), password)
-        if user is None:
-            st.error("Unknown user name or wrong password.")
-        else:
-            st.session_state[auth.SESSION_KEY] = auth.User(user.name, user.role)  # no hash
-            st.rerun()
+        _log_in(users, name.strip(), password)
     if not users:
         st.warning(f"{path} has no users yet: add one with `eslab users add NAME --role editor`.")
     return None
+
+
+def _log_in(users: dict[str, auth.User], name: str, password: str) -> None:
+    """Check one attempt, unless the throttle says to wait; on success the tab is signed in
+    and the page runs again."""
+    client = st.context.ip_address or LOCAL_CLIENT
+    wait = THROTTLE.attempt(name, client)
+    if wait > 0:
+        st.error(f"Too many failed logins: try again in {math.ceil(wait)} s.")
+        return
+    user = auth.authenticate(users, name, password)
+    if user is None:
+        st.error("Unknown user name or wrong password.")
+        return
+    THROTTLE.succeeded(name, client)
+    st.session_state[auth.SESSION_KEY] = auth.signed_in(user)
+    st.rerun()
 
 
 def sidebar(user: auth.User) -> None:
@@ -45,7 +74,7 @@ def sidebar(user: auth.User) -> None:
     if auth.auth_path() is None:
         return
     with st.sidebar:
-        st.caption(f"Signed in as **{user.name}** ({user.role})")
+        st.caption(f"Signed in as **{inert(user.name)}** ({user.role})")
         if st.button("Log out", icon=":material/logout:", key="logout"):
             st.session_state.pop(auth.SESSION_KEY, None)
             st.rerun()

@@ -1,7 +1,15 @@
-"""Small helpers the pages share: URL state, run labels and table rows."""
+"""Small helpers the pages share: URL state, run labels and table rows, and how text that
+people wrote (run names, tags, errors, completions, file names) is shown: as text.
+
+Streamlit renders Markdown in titles, captions, alerts and widget labels: a run named
+`[click](javascript:...)` or `![x](http://host/x.png)` would be a link or an image that loads
+from another server when a collaborator opens the page. Every such text goes through
+`inert` (one line) or `show_error` (an error with its details); long text goes to st.text,
+st.code or a dataframe, which render nothing."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -9,6 +17,11 @@ from pathlib import Path
 import streamlit as st
 
 from jobs.store.records import RunRecord
+
+# Every ASCII punctuation character: CommonMark reads each one after a backslash as itself,
+# so no link, image, HTML, heading, list, emphasis, table, LaTeX ($) or Streamlit directive
+# (:red[...]) can start, and no autolink (its "://", "www." or "@") can be recognised.
+_MARKDOWN_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
 
 
 def param(name: str, default: str = "") -> str:
@@ -41,6 +54,22 @@ def set_param(name: str, value: str | Sequence[str] | None) -> None:
         st.query_params.pop(name, None)
     elif st.query_params.get(name) != str(value):
         st.query_params[name] = str(value)
+
+
+def inert(text: object) -> str:
+    """`text` for an element that renders Markdown, escaped so that it shows as written."""
+    return _MARKDOWN_PUNCTUATION.sub(r"\\\1", str(text))
+
+
+def show_error(text: object) -> None:
+    """An error that may quote what people wrote (a stored traceback, a job log's tail, a
+    message naming a value): its last line as the alert, the whole text, when it has more
+    lines, verbatim in a code block below it."""
+    lines = [line for line in str(text).strip().splitlines() if line.strip()]
+    st.error(inert(lines[-1] if lines else text))
+    if len(lines) > 1:
+        with st.expander("Details"):
+            st.code(str(text), language=None)
 
 
 def label(run: RunRecord) -> str:

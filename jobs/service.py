@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from engine.data.uploads import max_upload_mb
 from jobs.ray_jobs import RayJobs, RayUnavailableError
 from jobs.scheduler import (
     LOCK_NAME,
@@ -35,6 +36,7 @@ from jobs.scheduler import (
 )
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
+from jobs.uploads import clean_uploads
 
 RAY_START_TIMEOUT_S = 120.0
 DASHBOARD_APP = Path(__file__).resolve().parents[1] / "app" / "main.py"
@@ -50,6 +52,8 @@ def serve(host: str, port: int, settings: SchedulerSettings | None = None) -> in
     _stop_on_termination_signals()
     store = Store()  # refuses an unreachable or outdated database in one line
     settings = settings or SchedulerSettings.from_env()
+    if removed := clean_uploads(store):
+        print(f"removed {len(removed)} upload(s) that no run uses", flush=True)
     try:
         # The lock first, so that a second `eslab serve` starts no Ray of its own; held
         # long enough for Ray to start, then renewed by every tick.
@@ -240,6 +244,15 @@ def dashboard_command(host: str, port: int) -> list[str]:
         # the toolbar without Streamlit's developer items ("Deploy", "Rerun", settings)
         "--client.toolbarMode",
         "viewer",
+        # An uncaught error shows a generic message in the browser; its type, message and
+        # traceback (paths, settings, SQL) go to this process's log only. ("false" would
+        # still show the traceback: Streamlit reads it as "stacktrace".)
+        "--client.showErrorDetails",
+        "none",
+        # Streamlit's own cap refuses a larger upload before reading it; the page's cap only
+        # tells the browser.
+        "--server.maxUploadSize",
+        str(max_upload_mb()),
     ]
 
 

@@ -4,19 +4,56 @@
 Requests are validated (two lists of strings of one length, at most MAX_ITEMS) before any
 model runs; requests that arrive together are merged (scorer/batcher.py) and scored
 in micro-batches of `batch_size` pairs.
+
+The service binds 127.0.0.1 unless told otherwise, and refuses any address other machines
+can reach unless a token (ESLAB_SCORER_TOKEN) is set: then every request, /health included,
+must carry `Authorization: Bearer TOKEN` (compared in constant time) or gets 401. The token
+travels in clear over plain HTTP, so beyond a trusted network put TLS in front.
 """
 
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
 from engine.extras import require
+from engine.hosts import is_loopback
+from engine.scoring.client import TOKEN_ENV
 from scorer.batcher import RequestBatcher
 from scorer.models import ScoringModel
 
 SERVICE = "the scorer service"
 BaseModel = require("pydantic", "scorer", SERVICE).BaseModel
 MAX_ITEMS = 4096
+MIN_TOKEN = 16
+
+
+class ScorerServiceError(Exception):
+    """The service was asked to start in a way that would expose it; the message says how
+    to start it safely."""
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse a token too short to resist guessing, and a non-loopback `host` without one."""
+    if token is not None and len(token) < MIN_TOKEN:
+        raise ScorerServiceError(
+            f"{TOKEN_ENV} must have at least {MIN_TOKEN} characters, got {len(token)}; "
+            'make one with `python -c "import secrets; print(secrets.token_urlsafe(32))"`'
+        )
+    if token is None and not is_loopback(host):
+        raise ScorerServiceError(
+            f"--host {host} is reachable from other machines and {TOKEN_ENV} is not set, so "
+            f"anyone could use the models; set {TOKEN_ENV} to a secret (at least {MIN_TOKEN} "
+            "characters) here and in the environment of the runs that call the scorer, or "
+            "serve 127.0.0.1 only (the default)"
+        )
+
+
+def _authorized(header: str, token: str) -> bool:
+    scheme, _, value = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        value.strip().encode(), token.encode()
+    )
 
 
 # Module level, not inside create_app: FastAPI resolves the (postponed) annotations of the
@@ -31,14 +68,30 @@ class ScoreResponse(BaseModel):
     costs: list[float]
 
 
-def create_app(reward: ScoringModel, cost: ScoringModel, max_wait_s: float = 0.01) -> Any:
+def create_app(
+    reward: ScoringModel, cost: ScoringModel, max_wait_s: float = 0.01, token: str | None = None
+) -> Any:
     """The FastAPI application around a loaded reward and cost model; requests arriving
-    within `max_wait_s` of each other share forward passes (RequestBatcher)."""
+    within `max_wait_s` of each other share forward passes (RequestBatcher). With `token`,
+    every request without it as a bearer token gets 401 before any endpoint runs."""
     fastapi = require("fastapi", "scorer", SERVICE)
     FastAPI, HTTPException = fastapi.FastAPI, fastapi.HTTPException
 
     app = FastAPI(title="ES Lab scorer")
     batcher = RequestBatcher(reward, cost, max_wait_s=max_wait_s, max_items=MAX_ITEMS)
+
+    if token is not None:
+        JSONResponse = require("fastapi.responses", "scorer", SERVICE).JSONResponse
+
+        @app.middleware("http")
+        async def require_token(request: Any, call_next: Any) -> Any:
+            if not _authorized(request.headers.get("authorization", ""), token):
+                return JSONResponse(
+                    {"detail": f"missing or wrong bearer token (the scorer's {TOKEN_ENV})"},
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+            return await call_next(request)
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -79,15 +132,19 @@ def serve(
     port: int = 8000,
     batch_size: int = 32,
     max_length: int = 256,
+    token: str | None = None,
 ) -> None:
-    """Load both models and serve until interrupted (`eslab scorer serve`)."""
+    """Load both models and serve until interrupted (`eslab scorer serve`); a bind that
+    `check_bind` refuses stops before any model loads."""
+    check_bind(host, token)
     uvicorn = require("uvicorn", "scorer", SERVICE)
 
     reward = ScoringModel(reward_model, batch_size=batch_size, max_length=max_length)
     cost = ScoringModel(cost_model, batch_size=batch_size, max_length=max_length)
     print(
         f"scorer: reward model {reward_model}, cost model {cost_model}; "
-        f"http://{host}:{port}/score_batch",
+        f"http://{host}:{port}/score_batch" + (" (bearer token required)" if token else ""),
         flush=True,
     )
-    uvicorn.run(create_app(reward, cost), host=host, port=port, log_level="warning")
+    app = create_app(reward, cost, token=token)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -7,10 +7,18 @@ or save_master before and load_master after), so every test sees the input model
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from engine.rewards import REWARD_MODULES_SETTING
+
+# The tests name reward functions of their own modules (tests.jobs.standin.reward, ...), which
+# only the operator's setting allows. Set here, before any test runs, so that the CLI
+# subprocesses, the scheduler's Ray jobs and foreground runs of the session all see it.
+os.environ[REWARD_MODULES_SETTING] = "tests"
 
 TEST_KV_CACHE_FRACTION = 0.2
 """`gpu_memory_utilization` of test engines: on the CPU, the share of RAM for vLLM (weights

@@ -9,11 +9,13 @@ from app.state import get_store
 from app.views import (
     duration,
     elapsed,
+    inert,
     label,
     mode,
     param,
     param_list,
     set_param,
+    show_error,
     smoothing_param,
 )
 from engine import metrics as mk
@@ -26,7 +28,7 @@ store = get_store()
 try:
     runs = [store.get_run(i) for i in param_list("runs")]
 except StoreError as exc:
-    st.error(str(exc))
+    show_error(exc)
     st.stop()
 if len(runs) < 2:
     st.info(
@@ -34,7 +36,7 @@ if len(runs) < 2:
         "(this page's URL is `/compare?runs=ID,ID`)."
     )
     st.stop()
-st.caption(" · ".join(label(r) for r in runs))
+st.caption(" · ".join(inert(label(r)) for r in runs))
 
 keys = sorted({k for r in runs for k in store.metric_keys(r.id)})
 default = mk.reward_key(mk.TRAIN)
@@ -63,7 +65,7 @@ lines = [
 ]
 data = pd.concat(lines, ignore_index=True)
 if data.empty:
-    st.info(f"None of these runs recorded {metric} yet.")
+    st.info(f"None of these runs recorded {inert(metric)} yet.")
 else:
     st.altair_chart(charts.metric_chart(data, x, metric, color="run", height=320))
 
@@ -109,7 +111,7 @@ prompt = s3.selectbox("Prompt", prompts)
 cols = st.columns(len(runs))
 for col, (name, samples) in zip(cols, by_run.items(), strict=True):
     with col:
-        st.markdown(f"**{name}**")
+        st.markdown(f"**{inert(name)}**")
         for x in [s for s in samples if s.prompt_index == prompt][:4]:
             st.caption(f"sample {x.sample_index} · reward {x.reward}")
             st.text(x.completion)

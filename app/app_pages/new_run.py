@@ -1,24 +1,25 @@
 """New run: a form generated from the configuration schema, presets, YAML in and out, a
-parquet upload checked before it is accepted; submitting queues the run the way
-`eslab submit` does and opens its page. `?clone=ID` starts from another run's config."""
+parquet upload (editors only, size-capped, kept only once it loads as a dataset);
+submitting queues the run the way `eslab submit` does and opens its page. `?clone=ID`
+starts from another run's config."""
 
 import uuid
-from pathlib import Path
 
 import streamlit as st
 
 from app import actions, auth, forms
 from app.state import get_store
-from app.views import param
+from app.views import inert, param, show_error
 from engine.config import ConfigError, config_fields
-from engine.data.datasets import DatasetError, load_dataset
+from engine.data.datasets import DatasetError
+from engine.data.uploads import MIB, max_upload_mb
+from engine.filenames import safe_file_name
 from engine.model_files import ModelError
-from engine.paths import resolve_path
 from engine.presets import load_preset, preset_names
 from engine.rewards import BUILTIN_REWARDS, RewardError
 from jobs.store.errors import StoreError
 
-UPLOADS = "data/uploads"  # relative to the project root, like every config path
+YAML_UPLOAD_MB = 1  # a run configuration is a few KiB; the widget takes whole MiB
 
 st.title("New run")
 store = get_store()
@@ -31,7 +32,7 @@ if clone and (fresh or st.session_state.get("new_cloned") != clone):
     try:
         parent = store.get_run(clone)
     except StoreError as exc:
-        st.error(str(exc))
+        show_error(exc)
         st.stop()
     suffix = uuid.uuid4().hex[:6]
     forms.load_into_form(
@@ -45,7 +46,7 @@ if clone and (fresh or st.session_state.get("new_cloned") != clone):
     st.session_state["new_errors"] = {}
 forms.ensure_defaults()
 if clone:
-    st.info(f"Cloning run {clone}: change what you need and queue it.")
+    st.info(f"Cloning run {inert(clone)}: change what you need and queue it.")
 editor = auth.can_edit()
 if not editor:
     st.info(
@@ -83,33 +84,33 @@ with st.container(border=True):
         on_change=_reward,
         format_func=lambda n: n or "choose a reward function",
     )
-    imported = c3.file_uploader("Import YAML", type=["yaml", "yml"], key="new_yaml")
+    imported = c3.file_uploader(
+        "Import YAML", type=["yaml", "yml"], key="new_yaml", max_upload_size=YAML_UPLOAD_MB
+    )
     if imported is not None and st.session_state.get("new_yaml_done") != imported.file_id:
-        try:
-            forms.load_into_form(forms.parse_yaml(imported.getvalue(), imported.name))
-            st.session_state["new_errors"] = forms.validate(forms.form_values())[1]
-        except ConfigError as exc:
-            st.session_state["new_errors"] = {e.field: e.message for e in exc.errors}
         st.session_state["new_yaml_done"] = imported.file_id
+        if imported.size > YAML_UPLOAD_MB * MIB:  # the widget's limit is the browser's
+            st.session_state["new_errors"] = {
+                "config": f"{imported.name}: a run configuration may be at most "
+                f"{YAML_UPLOAD_MB} MiB, got {imported.size / MIB:.1f} MiB"
+            }
+        else:
+            try:
+                forms.load_into_form(forms.parse_yaml(imported.getvalue(), imported.name))
+                st.session_state["new_errors"] = forms.validate(forms.form_values())[1]
+            except ConfigError as exc:
+                st.session_state["new_errors"] = {e.field: e.message for e in exc.errors}
     upload = st.file_uploader(
         "Upload a training dataset (parquet: prompt, reward_func_args)",
         type=["parquet"],
         key="new_parquet",
+        max_upload_size=max_upload_mb(),
+        disabled=not editor,
+        help=None if editor else "Uploading a dataset needs an editor.",
     )
     if upload is not None and st.session_state.get("new_parquet_done") != upload.file_id:
-        relative = f"{UPLOADS}/{uuid.uuid4().hex[:8]}-{Path(upload.name).name}"
-        target = resolve_path(relative)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(upload.getvalue())
-        try:
-            rows = len(load_dataset(target))
-        except DatasetError as exc:
-            target.unlink()
-            st.error(f"dataset refused: {exc}")
-        else:
-            st.session_state[forms.key("train_file")] = relative
-            st.success(f"{upload.name}: {rows} prompts, saved as {relative}")
         st.session_state["new_parquet_done"] = upload.file_id
+        forms.upload_dataset(store, upload.name, upload.getvalue())
 
 # Validate what the widgets hold now; once a submit has failed, errors follow every edit.
 config, problems = forms.validate(forms.form_values())
@@ -119,14 +120,18 @@ if errors:
     schema = {f.name for f in config_fields()} - {"output_dir"}
     errors = {**{k: v for k, v in errors.items() if k not in schema}, **problems}
 if "config" in errors:
-    st.error(errors["config"])
+    st.error(inert(errors["config"]))
 tags = st.text_input("Tags (comma separated)", key="new_tags")
 forms.render_fields(errors)
 
 left, right = st.columns(2)
 if config is not None:
     right.download_button(
-        "Export YAML", config.to_yaml(), "run.yaml", "text/yaml", icon=":material/download:"
+        "Export YAML",
+        config.to_yaml(),
+        safe_file_name(config.logging.run_name or "run", ".yaml", "run"),
+        "text/yaml",
+        icon=":material/download:",
     )
 if left.button("Queue run", type="primary", icon=":material/rocket_launch:", disabled=not editor):
     if problems:
@@ -143,10 +148,12 @@ if left.button("Queue run", type="primary", icon=":material/rocket_launch:", dis
         st.session_state["new_errors"] = {e.field: e.message for e in exc.errors}
         st.rerun()
     except (DatasetError, RewardError, ModelError, StoreError) as exc:
-        st.error(str(exc))
+        show_error(exc)
     else:
         if run is not None:  # None: refused, and actions.launch said why
             st.session_state["new_errors"] = {}
             st.switch_page(actions.RUN_PAGE, query_params={"run": str(run.id)})
 if errors:
-    st.error(f"{len(errors)} problem(s): " + "; ".join(f"{k}: {v}" for k, v in errors.items()))
+    st.error(
+        inert(f"{len(errors)} problem(s): " + "; ".join(f"{k}: {v}" for k, v in errors.items()))
+    )

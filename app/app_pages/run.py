@@ -8,7 +8,17 @@ from app import actions, exports, report, run_charts
 from app.alignment_view import alignment_view
 from app.samples_view import lbes_view, samples_table
 from app.state import get_store
-from app.views import duration, elapsed, eta, mode, param, set_param, smoothing_param
+from app.views import (
+    duration,
+    elapsed,
+    eta,
+    inert,
+    mode,
+    param,
+    set_param,
+    show_error,
+    smoothing_param,
+)
 from engine.paths import resolve_path
 from jobs.liveness import stale_for
 from jobs.scheduler import SchedulerSettings
@@ -25,7 +35,7 @@ if not param("run"):
 try:
     run = store.get_run(param("run"))
 except StoreError as exc:
-    st.error(str(exc))
+    show_error(exc)
     st.stop()
 
 
@@ -47,14 +57,14 @@ def status() -> None:
             f"run stays {current.status.value}."
         )
     if current.error:
-        st.error(current.error)
+        show_error(current.error)
     actions.buttons(store, current, "run")
 
 
-st.title(run.name)
+st.title(inert(run.name))
 st.caption(
     f"run {run.id} · {run.method} · {mode(run)} · uuid {run.uuid} · "
-    f"tags: {', '.join(run.tags) or '–'}"
+    f"tags: {inert(', '.join(run.tags)) or '–'}"
 )
 refresh = None if run.status.is_terminal() else REFRESH_SECONDS
 st.fragment(run_every=refresh)(status)()
@@ -121,13 +131,17 @@ with ckpt_tab:
                 index=len(on_disk) - 1,
                 format_func=lambda c: f"step {c.step}: {c.path}",
             )
-            st.download_button(
-                "Download as .tar",
-                lambda: exports.folder_tar(chosen.path),
-                f"run-{run.id}-step-{chosen.step}.tar",
-                "application/x-tar",
-                icon=":material/download:",
-            )
+            refused = exports.too_large(chosen.path)
+            if refused:
+                st.warning(inert(refused))
+            else:
+                st.download_button(
+                    "Download as .tar",
+                    lambda: exports.folder_tar(chosen.path),
+                    exports.file_name(run, ".tar", f"step-{chosen.step}"),
+                    "application/x-tar",
+                    icon=":material/download:",
+                )
             if not (resolve_path(chosen.path) / "config.json").is_file():
                 st.caption(
                     "A cancel's checkpoint: the fp32 master weights and the trainer "
@@ -140,21 +154,21 @@ with export_tab:
     st.download_button(
         "Run as JSON (everything)",
         lambda: exports.run_json(store, run.id),
-        f"run-{run.id}.json",
+        exports.file_name(run, ".json"),
         "application/json",
         icon=":material/download:",
     )
     st.download_button(
         "Metrics as CSV",
         lambda: exports.metrics_csv(store, run.id),
-        f"run-{run.id}-metrics.csv",
+        exports.file_name(run, ".csv", "metrics"),
         "text/csv",
         icon=":material/download:",
     )
     st.download_button(
         "Report as HTML (charts included, opens offline)",
         lambda: report.run_report(store, run.id),
-        f"run-{run.id}.html",
+        exports.file_name(run, ".html"),
         "text/html",
         icon=":material/download:",
     )

@@ -9,6 +9,7 @@ import streamlit as st
 from app import actions, auth
 from app.state import get_store
 from app.views import (
+    inert,
     int_param,
     label,
     mode,
@@ -145,7 +146,7 @@ def table_and_actions(refreshing: bool) -> None:
     selected = [shown[i] for i in event.selection.rows if i < len(shown)]
     st.caption(
         f"{total} runs · page {page} of {pages} · selected: "
-        + (", ".join(label(r) for r in selected) or "none")
+        + (inert(", ".join(label(r) for r in selected)) or "none")
         + (f" · refreshing every {REFRESH_SECONDS} s" if refreshing else "")
     )
 

@@ -5,7 +5,7 @@ import streamlit as st
 
 from app.samples_view import samples_table
 from app.state import get_store
-from app.views import label, param, set_param
+from app.views import label, param, set_param, show_error
 from jobs.store.errors import StoreError
 
 st.title("Samples")
@@ -21,7 +21,7 @@ if wanted is not None and wanted not in ids:
         runs.insert(0, store.get_run(wanted))
         ids.insert(0, wanted)
     except StoreError as exc:
-        st.error(str(exc))
+        show_error(exc)
         wanted = None
 by_id = {r.id: r for r in runs}
 chosen = st.selectbox(

@@ -1,4 +1,5 @@
-"""`eslab data countdown | gsm8k | conciseness`: generate or convert datasets."""
+"""`eslab data countdown | gsm8k | conciseness`: generate or convert datasets;
+`eslab data clean-uploads`: remove dashboard uploads that no run uses."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     concise = data_cmds.add_parser("conciseness", help="write the shipped conciseness dataset")
     concise.add_argument("--out", required=True, help="folder for train/test.parquet")
     concise.set_defaults(func=cmd_data_conciseness)
+    clean = data_cmds.add_parser(
+        "clean-uploads",
+        help="remove uploaded datasets no run uses, older than ESLAB_UPLOAD_KEEP_HOURS",
+    )
+    clean.add_argument("--dry-run", action="store_true", help="list them, remove nothing")
+    clean.set_defaults(func=cmd_data_clean_uploads)
 
 
 def cmd_data_countdown(args: argparse.Namespace) -> int:
@@ -46,4 +53,22 @@ def cmd_data_conciseness(args: argparse.Namespace) -> int:
     from engine.data.conciseness import write_conciseness
 
     print(write_conciseness(args.out).summary)
+    return 0
+
+
+def cmd_data_clean_uploads(args: argparse.Namespace) -> int:
+    """What the New run page also does after each upload, for a server nobody uploads to."""
+    from app.cli.common import open_store, print_error
+    from jobs.uploads import clean_uploads
+
+    try:
+        with open_store() as store:
+            removed = clean_uploads(store, dry_run=args.dry_run)
+    except ValueError as exc:  # a malformed ESLAB_UPLOAD_KEEP_HOURS
+        print_error(str(exc))
+        return 2
+    verb = "would remove" if args.dry_run else "removed"
+    for path in removed:
+        print(f"{verb} {path}")
+    print(f"{verb} {len(removed)} unused upload(s)")
     return 0

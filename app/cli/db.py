@@ -20,25 +20,27 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from jobs.store.database import database_url, describe
     from jobs.store.migrate import upgrade
 
     upgrade(revision=args.revision)
-    print(f"database {describe(database_url())} is at migration {args.revision}")
-    return 0
+    return cmd_db_current(args)
 
 
 def cmd_db_downgrade(args: argparse.Namespace) -> int:
     from jobs.store.migrate import downgrade
 
     downgrade(revision=args.revision)
-    return 0
+    return cmd_db_current(args)
 
 
 def cmd_db_current(args: argparse.Namespace) -> int:
     from jobs.store.database import database_url, describe, make_engine
     from jobs.store.migrate import current_revision, head_revision
 
-    current = current_revision(make_engine())
+    engine = make_engine()
+    try:
+        current = current_revision(engine)
+    finally:
+        engine.dispose()
     print(f"{describe(database_url())}: migration {current or 'none'} (latest {head_revision()})")
     return 0

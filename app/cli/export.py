@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from app.cli.common import open_store
 
 if TYPE_CHECKING:
+    from jobs.store.records import RunRecord
     from jobs.store.store import Store
 
 
@@ -57,7 +58,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         Path(args.out).write_text(text + "\n")
         print(f"wrote {counts} to {args.out}", file=sys.stderr)
         return 0
-    folder = Path(args.out or f"{exported.run.name}-export")
+    folder = Path(args.out or default_name(exported.run, "-export"))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "run.json").write_text(json.dumps(run, indent=1, default=str) + "\n")
     for name, rows in tables.items():
@@ -71,10 +72,18 @@ def _export_html(store: Store, args: argparse.Namespace) -> int:
     from app.report import run_report
 
     run = store.get_run(args.run)
-    out = Path(args.out or f"{run.name}.html")
+    out = Path(args.out or default_name(run, ".html"))
     out.write_text(run_report(store, run.id), encoding="utf-8")
     print(f"wrote the report of run {run.id} to {out}", file=sys.stderr)
     return 0
+
+
+def default_name(run: RunRecord, suffix: str) -> str:
+    """NAME + suffix in the current folder, NAME in safe characters: a run's name is what
+    its author typed, and `../x` or `/etc/x` must not choose where the export goes."""
+    from engine.filenames import safe_file_name
+
+    return safe_file_name(run.name, suffix, f"run-{run.id}")
 
 
 def _plain(record: dict) -> dict:

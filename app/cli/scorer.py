@@ -15,7 +15,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     serve = scorer_cmds.add_parser(
         "serve", help="serve GET /health and POST /score_batch {prompts, responses}"
     )
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind: 127.0.0.1 (default) is this machine only; any other address "
+        "needs a token in ESLAB_SCORER_TOKEN (the runs send it from their environment)",
+    )
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument(
         "--reward-model",
@@ -42,16 +47,27 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_scorer_serve(args: argparse.Namespace) -> int:
-    from scorer.service import serve
+    """Serve until interrupted; a non-loopback --host without ESLAB_SCORER_TOKEN is refused
+    before any model loads."""
+    import os
 
-    serve(
-        args.reward_model,
-        args.cost_model,
-        host=args.host,
-        port=args.port,
-        batch_size=args.batch_size,
-        max_length=args.max_length,
-    )
+    from app.cli.common import print_error
+    from engine.scoring.client import TOKEN_ENV
+    from scorer.service import ScorerServiceError, serve
+
+    try:
+        serve(
+            args.reward_model,
+            args.cost_model,
+            host=args.host,
+            port=args.port,
+            batch_size=args.batch_size,
+            max_length=args.max_length,
+            token=os.environ.get(TOKEN_ENV, "").strip() or None,
+        )
+    except ScorerServiceError as exc:
+        print_error(str(exc))
+        return 2
     return 0
 
 

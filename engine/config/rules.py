@@ -4,7 +4,6 @@ problems it finds."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -12,8 +11,9 @@ from typing import Any
 from engine.config.errors import FieldError, show
 from engine.config.fields import METHODS
 from engine.config.schema import SPECS
+from engine.rewards import path_refusal
+from engine.scoring.members import SCORER_MEMBER, is_function, parse_members
 
-_DOTTED_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 Check = Callable[[dict[str, Any]], Iterator[FieldError]]
 
 
@@ -47,11 +47,10 @@ def _reward_path(v: dict[str, Any]) -> Iterator[FieldError]:
                 "reward_func_path",
                 f"reward.reward_func_path is required: {SPECS['reward_func_path'].help}",
             )
-    elif not _DOTTED_PATH.match(v["reward_func_path"]):
+    elif (problem := path_refusal(v["reward_func_path"])) is not None:
+        # Checked as text, before anything is imported: the path names code.
         yield FieldError(
-            "reward_func_path",
-            f"reward.reward_func_path must be a dotted path module.function, got "
-            f"{v['reward_func_path']!r}: e.g. engine.rewards.countdown.compute_score",
+            "reward_func_path", f"reward.reward_func_path {v['reward_func_path']!r} {problem}"
         )
 
 
@@ -231,7 +230,7 @@ def _lora_options(v: dict[str, Any]) -> Iterator[FieldError]:
 
 @_rule("reward_source", "scorer_url", "lambda_adapt", "ensemble_members")
 def _reward_sources(v: dict[str, Any]) -> Iterator[FieldError]:
-    members = [m.strip() for m in (v["ensemble_members"] or "").split(",") if m.strip()]
+    members = parse_members(v["ensemble_members"])
     if v["reward_source"] == "scorer" and v["scorer_url"] is None:
         yield FieldError(
             "scorer_url",
@@ -250,21 +249,17 @@ def _reward_sources(v: dict[str, Any]) -> Iterator[FieldError]:
             f"ensemble.ensemble_members must name at least 2 members when "
             f"reward_source is 'ensemble', got {v['ensemble_members']!r}",
         )
-    if "scorer" in members and v["scorer_url"] is None:
+    if SCORER_MEMBER in members and v["scorer_url"] is None:
         yield FieldError(
             "ensemble_members",
             "ensemble.ensemble_members names `scorer` but alignment.scorer_url is None",
         )
-    for member in members:
-        if (
-            member != "scorer"
-            and not member.startswith(("http://", "https://"))
-            and not _DOTTED_PATH.match(member)
-        ):
+    for member in filter(is_function, members):
+        if (problem := path_refusal(member)) is not None:
             yield FieldError(
                 "ensemble_members",
-                f"ensemble.ensemble_members: {member!r} is neither a dotted path, "
-                "`scorer` nor an http(s) URL",
+                f"ensemble.ensemble_members: {member!r} is neither `scorer`, an http(s) URL "
+                f"nor an allowed reward function: it {problem}",
             )
     if v["reward_source"] != "ensemble" and members:
         yield FieldError(

@@ -209,7 +209,9 @@ class RewardConfig:
     reward_func_path: str | None = option(
         None,
         "Dotted path of compute_score(completion_text, **reward_func_args) -> dict, "
-        "e.g. engine.rewards.countdown.compute_score. Required unless reward_source is "
+        "e.g. engine.rewards.countdown.compute_score: a function of a module under "
+        "engine.rewards or in a module or folder listed in ESLAB_REWARD_MODULES, called "
+        "with the reward_func_args its signature names. Required unless reward_source is "
         "scorer or ensemble.",
     )
 
@@ -334,8 +336,9 @@ class EnsembleConfig:
 
     ensemble_members: str | None = option(
         None,
-        "Comma-separated members: reward function dotted paths, `scorer` (the "
-        "scorer_url reward model) or other scorer URLs (their reward models).",
+        "Comma-separated members: reward function dotted paths (allowed as for "
+        "reward_func_path), `scorer` (the scorer_url reward model) or other scorer URLs "
+        "(their reward models).",
     )
     ensemble_method: str = option(
         "mean",

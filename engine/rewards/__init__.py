@@ -6,6 +6,20 @@ next to the reward. This is the contract of nlp-waseda/lbes (`reward_func_path`,
 functions of `src/reward_funcs/`). Functions see the completion only, never the prompt
 (docs/design.md, "Engine rules").
 
+A path names code, and whoever launches a run writes it, so:
+- only a public, plain Python function defined in an allowed module can be loaded: a module
+  under engine.rewards or one the operator lists in ESLAB_REWARD_MODULES (the rules and the
+  setting's format: engine/rewards/_allowed.py). The path is checked before anything is
+  imported, and what it names after: not a class, not a builtin, not a function that the
+  module only imports (`from os import system` does not make `system` a reward function).
+- a function is called with exactly the arguments its signature names. Its first parameter
+  takes the completion text (positionally); every key of a row's reward_func_args must be the
+  name of one of its other parameters (positional-or-keyword or keyword-only) and every such
+  parameter without a default must be given. A `**kwargs` parameter receives nothing: a key
+  the signature does not name is refused, never passed on, so a dataset cannot add
+  `shell=True` or any other keyword that changes what the function does. The same holds for
+  each function member of an ensemble, which gets the same reward_func_args.
+
 A function that raises, or returns anything but a dict of finite numbers with a `reward`,
 stops the run with a `RewardError` naming the function and the sample: the jbejjani2022 fork
 turned scorer failures into silent zero rewards, which ES would then happily optimise.
@@ -13,11 +27,25 @@ turned scorer failures into silent zero rewards, which ES would then happily opt
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.machinery
+import importlib.util
+import inspect
 import math
 import numbers
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+from engine.rewards._allowed import (
+    REWARD_MODULES_SETTING,
+    folder_to_import_from,
+    path_refusal,
+)
 
 RewardFunction = Callable[..., Mapping[str, Any]]
 
@@ -31,47 +59,181 @@ BUILTIN_REWARDS: dict[str, str] = {
 # Long completions and arguments are cut in error messages, which end up in the UI.
 _EXCERPT_CHARS = 200
 
+__all__ = [
+    "BUILTIN_REWARDS",
+    "REWARD_MODULES_SETTING",
+    "RewardError",
+    "RewardFunction",
+    "argument_problem",
+    "check_arguments",
+    "function_path",
+    "load_reward_function",
+    "path_refusal",
+    "score_completion",
+]
+
 
 class RewardError(Exception):
     """A reward function could not be loaded, failed, or returned an unusable score."""
 
 
 def load_reward_function(dotted_path: str) -> RewardFunction:
-    """Import `package.module.function` and return the function."""
-    module_name, _, attribute = dotted_path.strip().rpartition(".")
-    if not module_name or not attribute:
+    """The public function that `package.module.function` names, from an allowed place only.
+
+    Raises RewardError naming the path: a path outside the allowed places (checked before any
+    import), a module that does not import, or an attribute that is not a plain Python
+    function defined by that module, or whose signature cannot take reward_func_args.
+    """
+    path = dotted_path.strip()
+    problem = path_refusal(path)
+    if problem is not None:
+        raise RewardError(f"reward function {path!r} {problem}")
+    module_name, _, attribute = path.rpartition(".")
+    module = _import(path, module_name)
+    function = getattr(module, attribute, None)
+    if function is None:
         raise RewardError(
-            f"reward function path {dotted_path!r} must be a dotted path 'module.function', "
-            f"for example {BUILTIN_REWARDS['countdown']!r}"
+            f"reward function {path!r}: module {module_name!r} has no attribute {attribute!r}"
+        )
+    if not inspect.isfunction(function):
+        raise RewardError(
+            f"reward function {path!r} is a {type(function).__name__}, not a function "
+            f"defined in module {module_name!r}"
+        )
+    if function.__module__ != module.__name__:
+        raise RewardError(
+            f"reward function {path!r} is defined in module {function.__module__!r}, not in "
+            f"{module_name!r}: a reward function is named by the module that defines it, "
+            "and only allowed modules are"
         )
     try:
-        module = importlib.import_module(module_name)
+        _parameters(function)
+    except ValueError as exc:
+        raise RewardError(f"reward function {path!r} {exc}") from None
+    return function
+
+
+def _import(path: str, module_name: str) -> ModuleType:
+    folder = folder_to_import_from(module_name)
+    try:
+        if folder is None:
+            return importlib.import_module(module_name)
+        return _import_from_folder(module_name, folder)
     except ModuleNotFoundError as exc:
         # Distinguish a wrong path from a module that exists but imports something missing.
         if exc.name and (module_name + ".").startswith(exc.name + "."):
             raise RewardError(
-                f"reward function {dotted_path!r}: no module named {module_name!r}; "
+                f"reward function {path!r}: no module named {module_name!r}; "
                 f"built-in reward functions are {', '.join(BUILTIN_REWARDS.values())}"
             ) from exc
         raise RewardError(
-            f"reward function {dotted_path!r}: importing {module_name!r} failed: {exc}"
+            f"reward function {path!r}: importing {module_name!r} failed: {exc}"
         ) from exc
     except Exception as exc:
         raise RewardError(
-            f"reward function {dotted_path!r}: importing {module_name!r} failed: "
+            f"reward function {path!r}: importing {module_name!r} failed: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
-    function = getattr(module, attribute, None)
-    if function is None:
-        raise RewardError(
-            f"reward function {dotted_path!r}: module {module_name!r} has no attribute "
-            f"{attribute!r}"
+
+
+def _import_from_folder(module_name: str, folder: Path) -> ModuleType:
+    """Import `module_name` with its top-level package found in `folder` only, so that a
+    file of the folder can never stand for a module of the same name found elsewhere, nor
+    the other way round."""
+    top = module_name.partition(".")[0]
+    loaded = sys.modules.get(top)
+    if loaded is None:
+        spec = importlib.machinery.PathFinder.find_spec(top, [str(folder)])
+        if spec is None or spec.loader is None:
+            raise ModuleNotFoundError(f"no module named {top!r} in {folder}", name=top)
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[top] = loaded
+        try:
+            spec.loader.exec_module(loaded)
+        except BaseException:
+            del sys.modules[top]
+            raise
+    elif not _inside(loaded, folder):
+        raise ImportError(
+            f"a module {top!r} is already imported from elsewhere, not from {folder}: "
+            "rename the file"
         )
-    if not callable(function):
-        raise RewardError(
-            f"reward function {dotted_path!r} is a {type(function).__name__}, not a function"
+    return importlib.import_module(module_name)
+
+
+def _inside(module: ModuleType, folder: Path) -> bool:
+    locations = list(getattr(module, "__path__", None) or [getattr(module, "__file__", None)])
+    return all(place and Path(place).resolve().is_relative_to(folder) for place in locations)
+
+
+@dataclass(frozen=True)
+class _Parameters:
+    """The names reward_func_args may give a function, and those it must give."""
+
+    named: frozenset[str]
+    required: frozenset[str]
+
+
+_BY_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+@functools.lru_cache(maxsize=256)
+def _parameters(func: Callable[..., Any]) -> _Parameters:
+    """Raises ValueError (a phrase that follows the function's name) when `func` cannot be
+    called as func(completion_text, **reward_func_args). Cached: scoring asks per sample."""
+    try:
+        parameters = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"has no signature to check reward_func_args against ({exc})") from None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if not parameters or parameters[0].kind not in positional:
+        raise ValueError("must take the completion text as its first, positional parameter")
+    rest = parameters[1:]
+    unfillable = [
+        p.name for p in rest if p.kind is inspect.Parameter.POSITIONAL_ONLY and p.default is p.empty
+    ]
+    if unfillable:
+        raise ValueError(
+            f"has positional-only parameters {unfillable} that reward_func_args cannot give"
         )
-    return function
+    by_keyword = [p for p in rest if p.kind in _BY_KEYWORD]
+    return _Parameters(
+        named=frozenset(p.name for p in by_keyword),
+        required=frozenset(p.name for p in by_keyword if p.default is p.empty),
+    )
+
+
+def argument_problem(func: Callable[..., Any], reward_func_args: Mapping[str, Any]) -> str | None:
+    """Why `func(completion_text, **reward_func_args)` breaks the rule of this module's
+    docstring (a phrase that follows the function's name), or None."""
+    try:
+        parameters = _parameters(func)
+    except ValueError as exc:
+        return str(exc)
+    given = set(reward_func_args)
+    unknown = sorted(map(str, given - parameters.named))
+    if unknown:
+        names = ", ".join(sorted(parameters.named)) or "none"
+        return (
+            f"is given reward_func_args {unknown} that are not its parameters (its "
+            f"parameters: {names}); a reward function gets only the arguments its "
+            "signature names, never through **kwargs"
+        )
+    missing = sorted(parameters.required - given)
+    if missing:
+        return f"needs reward_func_args {missing}, which are missing"
+    return None
+
+
+def check_arguments(
+    path: str, func: RewardFunction, rows: Iterable[Mapping[str, Any]], where: str
+) -> None:
+    """RewardError at the first of `rows` (the reward_func_args of each row of `where`, a
+    dataset) that `func` may not be called with: a run is refused before it starts."""
+    for row, reward_func_args in enumerate(rows):
+        problem = argument_problem(func, reward_func_args)
+        if problem is not None:
+            raise RewardError(f"reward function {path} {problem}: {where}, row {row}")
 
 
 def function_path(func: Callable[..., Any]) -> str:
@@ -90,9 +252,10 @@ def score_completion(
 ) -> dict[str, float]:
     """Call `func(completion_text, **reward_func_args)` and return its parts as floats.
 
-    Raises RewardError naming the function and `sample_description` when the function
-    raises, returns a non-dict, has no `reward`, or returns a value that is not a finite
-    number.
+    Raises RewardError naming the function and `sample_description` when reward_func_args
+    break the rule of this module's docstring (the function is then not called), or the
+    function raises, returns a non-dict, has no `reward`, or returns a value that is not a
+    finite number.
     """
 
     def error(problem: str) -> RewardError:
@@ -102,6 +265,9 @@ def score_completion(
             f"reward_func_args {_excerpt(dict(reward_func_args))})"
         )
 
+    problem = argument_problem(func, reward_func_args)
+    if problem is not None:
+        raise error(problem)
     try:
         result = func(completion_text, **reward_func_args)
     except Exception as exc:

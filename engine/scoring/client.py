@@ -5,17 +5,24 @@ then optimises as if it were a score. Here every failure — the service down, s
 timeout, an HTTP error, malformed JSON, lists of the wrong length or non-finite numbers —
 raises ScorerError naming the scorer URL, after `retries` further attempts for the transient
 kinds (connection refused, timeout, 5xx).
+
+A scorer that listens beyond loopback requires a token (`eslab scorer serve`): with
+ESLAB_SCORER_TOKEN set in the training process's environment, every call sends it as a
+bearer token; unset, calls go without one, as the reference's clients do against a scorer on
+127.0.0.1. It is read at call time, never stored in the client that tasks carry to Ray.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 RETRY_PAUSE_S = 0.5
+TOKEN_ENV = "ESLAB_SCORER_TOKEN"
 
 
 class ScorerError(Exception):
@@ -44,14 +51,14 @@ class ScorerClient:
         import httpx
 
         try:
-            response = httpx.get(f"{self.base}/health", timeout=self.timeout_s)
+            response = httpx.get(f"{self.base}/health", headers=_auth(), timeout=self.timeout_s)
             response.raise_for_status()
             return response.json()
         except (httpx.HTTPError, ValueError) as exc:
-            raise ScorerError(
-                f"scorer {self.base} is not healthy: {_describe(exc)}; start it "
-                "with `eslab scorer serve` or fix scorer_url"
-            ) from exc
+            status = exc.response.status_code if isinstance(exc, httpx.HTTPStatusError) else 0
+            what = f"HTTP {status}" if status else _describe(exc)
+            fix = _token_hint(status) or "start it with `eslab scorer serve` or fix scorer_url"
+            raise ScorerError(f"scorer {self.base} is not healthy: {what}; {fix}") from exc
 
     def score(self, prompts: list[str], responses: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(rewards, costs), one each per pair, in batches of `batch_size`."""
@@ -89,7 +96,10 @@ class ScorerClient:
         url = f"{self.base}/score_batch"
         try:
             response = httpx.post(
-                url, json={"prompts": prompts, "responses": responses}, timeout=self.timeout_s
+                url,
+                json={"prompts": prompts, "responses": responses},
+                headers=_auth(),
+                timeout=self.timeout_s,
             )
         except httpx.TimeoutException as exc:
             raise _Transient(
@@ -100,9 +110,10 @@ class ScorerClient:
         if response.status_code >= 500:
             raise _Transient(f"HTTP {response.status_code}: {response.text[:200]}")
         if response.status_code != 200:
+            hint = _token_hint(response.status_code)
             raise ScorerError(
                 f"scorer {url} refused the batch: HTTP {response.status_code}: "
-                f"{response.text[:200]}"
+                f"{response.text[:200]}" + (f"; {hint}" if hint else "")
             )
         try:
             body = response.json()
@@ -132,3 +143,16 @@ class ScorerClient:
 
 def _describe(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _auth() -> dict[str, str]:
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _token_hint(status: int) -> str:
+    """What to do about a 401 (the scorer wants a token); "" for any other status."""
+    if status != 401:
+        return ""
+    state = "is not the scorer's token" if _auth() else "is not set"
+    return f"{TOKEN_ENV} {state}: set it to the token the scorer was started with"

@@ -18,24 +18,30 @@ import numpy as np
 from engine.scoring.batch import ScoredBatch, score_batch
 from engine.scoring.client import ScorerClient
 from engine.scoring.ensembles import TRAINING_DDOF, combine
+from engine.scoring.members import (
+    SCORER_MEMBER,
+    is_function,
+    is_url,
+    member_name,
+    parse_members,
+)
 
 if TYPE_CHECKING:
     from engine.backends.base import Completion
     from engine.config import RunConfig
 
 COST = "cost"
-SCORER_MEMBER = "scorer"
 
 
-def member_name(member: str) -> str:
-    """A short, metric-key-safe name: `conciseness` for a function path of module
-    engine.rewards.conciseness, `scorer`, or host_port for another scorer."""
-    if member == SCORER_MEMBER:
-        return member
-    if member.startswith(("http://", "https://")):
-        return member.split("://", 1)[1].rstrip("/").replace(":", "_").replace("/", "_")
-    module, _, function = member.rpartition(".")
-    return module.rpartition(".")[2] if function == "compute_score" else function
+def function_paths(config: RunConfig) -> list[str]:
+    """The reward functions a run scores with: its reward_func_path, or the function members
+    of its ensemble (none when the scorer's reward model gives R)."""
+    source = config.alignment.reward_source
+    if source == "function" and config.reward.reward_func_path is not None:
+        return [config.reward.reward_func_path]
+    if source == "ensemble":
+        return [m for m in parse_members(config.ensemble.ensemble_members) if is_function(m)]
+    return []
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,7 @@ class RewardSources:
         a, e = config.alignment, config.ensemble
         if a.reward_source == "function" and a.scorer_url is None:
             return None
-        members = tuple(m.strip() for m in (e.ensemble_members or "").split(",") if m.strip())
+        members = tuple(parse_members(e.ensemble_members))
         return cls(
             reward_source=a.reward_source,
             reward_func_path=config.reward.reward_func_path,
@@ -110,7 +116,7 @@ class RewardSources:
             for member, name in zip(self.members, self.member_names(), strict=True):
                 if member == SCORER_MEMBER:
                     values = scorer_rewards.reshape(shape)
-                elif member.startswith(("http://", "https://")):
+                elif is_url(member):
                     values = self.client(member).score(context, texts)[0].reshape(shape)
                 else:
                     values = by_function(member).rewards

@@ -14,7 +14,7 @@ from engine.data.datasets import Example, load_dataset
 from engine.lowrank.population import LoraPopulation, engine_args
 from engine.model_files import check_model_dir, resolve_model
 from engine.paths import resolve_path
-from engine.scoring.sources import RewardSources
+from engine.scoring.sources import function_paths
 from engine.sink import Sink
 
 
@@ -44,17 +44,20 @@ def load_data(config: RunConfig) -> TrainingData:
 
 def plan_total_steps(config: RunConfig) -> int:
     """Check the inputs a run needs before it starts (reward functions, model folder,
-    datasets) and return its number of steps."""
-    from engine.rewards import load_reward_function
+    datasets, and that each dataset row gives the reward functions exactly the arguments
+    they name) and return its number of steps."""
+    from engine.rewards import check_arguments, load_reward_function
 
-    sources = RewardSources.from_config(config)
-    for path in [config.reward.reward_func_path, *(sources.members if sources else ())]:
-        if path is not None and "." in path and not path.startswith(("http://", "https://")):
-            load_reward_function(path)
+    functions = {path: load_reward_function(path) for path in function_paths(config)}
     model = resolve_path(config.model.model)
     if model.exists() or config.model.model.startswith((".", "/", "data/")):
         check_model_dir(model)
-    return load_data(config).total_steps
+    data = load_data(config)
+    for path, func in functions.items():
+        for option, examples in (("train_file", data.train_set), ("eval_file", data.eval_set)):
+            where = f"data.{option} {getattr(config.data, option)}"
+            check_arguments(path, func, (e.reward_func_args for e in examples), where)
+    return data.total_steps
 
 
 def model_folder(config: RunConfig) -> Path:

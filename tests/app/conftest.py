@@ -23,7 +23,10 @@ MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # a hub name: queueing does not c
 def write_task(folder: Path) -> Path:
     return write_dataset(
         [
-            {"prompt": [{"role": "user", "content": f"say {i}"}], "reward_func_args": {}}
+            {
+                "prompt": [{"role": "user", "content": f"say {i}"}],
+                "reward_func_args": {"target": "ok"},
+            }
             for i in range(4)
         ],
         folder / "task" / "train.parquet",

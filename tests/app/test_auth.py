@@ -1,9 +1,12 @@
 """Logins and roles (app/auth.py): password hashing, the auth file and its errors, the
 `eslab users` commands, and under AppTest: the login form, a viewer who sees no action
-buttons and whose direct calls of the action functions are refused, an editor who can act."""
+buttons and whose direct calls of the action functions are refused, an editor who can act,
+and a user removed, demoted or given a new password who loses the rights at the next action."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ from streamlit.testing.v1 import AppTest
 
 from app import auth
 from app.cli import main
+from app.login_throttle import LoginThrottle
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
 
@@ -20,6 +24,11 @@ MAIN = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
 TIMEOUT = 60
 EDITOR = auth.User("ed", "editor")
 VIEWER = auth.User("vi", "viewer")
+
+
+def session_of(user: auth.User) -> auth.Session:
+    """The session a login of `user` (a name of the configured auth file) would make."""
+    return auth.signed_in(auth.load_users(auth.auth_path())[user.name])
 
 
 # -- hashing and the file -------------------------------------------------------------------
@@ -123,6 +132,7 @@ def store(seeded_url, monkeypatch, tmp_path):
     auth.add_user(path, "vi", "viewer", "viewer-pass")
     monkeypatch.setenv(auth.ENV, str(path))
     monkeypatch.setenv("ESLAB_DATABASE_URL", seeded_url)
+    monkeypatch.setattr("app.login.THROTTLE", LoginThrottle())  # no failures of other tests
     st.cache_resource.clear()
     store = Store(seeded_url)
     yield store
@@ -133,7 +143,7 @@ def store(seeded_url, monkeypatch, tmp_path):
 def as_user(user: auth.User | None, path: str | None = None, **params: str) -> AppTest:
     at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
     if user is not None:
-        at.session_state[auth.SESSION_KEY] = user
+        at.session_state[auth.SESSION_KEY] = session_of(user)
     at.run()
     if path:
         for k, v in params.items():
@@ -215,7 +225,7 @@ def act_as(user: auth.User, store: Store, dataset: Path, tmp_path: Path):
         args=(run.id, str(dataset), str(tmp_path / "o"), not user.is_editor),
         default_timeout=TIMEOUT,
     )
-    at.session_state[auth.SESSION_KEY] = user
+    at.session_state[auth.SESSION_KEY] = session_of(user)
     at.run()
     assert not at.exception
     return at, run
@@ -270,3 +280,101 @@ def test_serve_refuses_a_malformed_auth_file_before_starting(tmp_path, monkeypat
     assert main(["serve", "--port", "1"]) == 2
     err = capsys.readouterr().err
     assert str(path) in err and "must hold a mapping" in err
+
+
+# -- rights follow the file -----------------------------------------------------------------
+
+
+def set_role(path: Path, name: str, role: str) -> None:
+    """Change `name`'s role and nothing else (the password hash stays), as an editor of the
+    file by hand or a future `eslab users` command would."""
+    users = auth.load_users(path)
+    users[name] = auth.User(name, role, users[name].password_hash)
+    auth.save_users(path, users)
+
+
+def test_a_session_follows_the_file(tmp_path):
+    path = tmp_path / "users.yaml"
+    auth.add_user(path, "ed", "editor", "editor-pass")
+    session = auth.signed_in(auth.load_users(path)["ed"])
+    assert auth.session_user(path, session) == EDITOR
+    set_role(path, "ed", "viewer")
+    assert auth.session_user(path, session) == auth.User("ed", "viewer")  # demoted at once
+    set_role(path, "ed", "editor")
+    assert auth.session_user(path, session) == EDITOR
+    auth.add_user(path, "ed", "editor", "a-new-password")  # a new password ends the session
+    assert auth.session_user(path, session) is None
+    session = auth.signed_in(auth.load_users(path)["ed"])
+    auth.remove_user(path, "ed")
+    assert auth.session_user(path, session) is None
+    auth.add_user(path, "ed", "editor", "a-new-password")  # re-added: a new hash, a new salt
+    assert auth.session_user(path, session) is None
+    assert auth.session_user(path, EDITOR) is None  # only a login makes a session
+
+
+def test_the_file_is_parsed_only_when_it_changed(tmp_path, monkeypatch):
+    path = tmp_path / "users.yaml"
+    auth.add_user(path, "ed", "editor", "editor-pass")
+    old = time.time_ns() - 60 * 10**9
+    os.utime(path, ns=(old, old))
+    monkeypatch.setattr(auth, "RACY_S", 0.0)  # utime sets the ctime to now: cache anyway
+    parsed = []
+    load = auth.load_users
+    monkeypatch.setattr(auth, "load_users", lambda p: parsed.append(p) or load(p))
+    for _ in range(5):
+        assert auth.cached_users(path)["ed"].role == "editor"
+    assert len(parsed) == 1
+    # the same size and mtime, another role: the ctime (and the inode) still tell
+    set_role(path, "ed", "viewer")
+    os.utime(path, ns=(old, old))
+    before = len(parsed)
+    assert auth.cached_users(path)["ed"].role == "viewer"
+    assert auth.cached_users(path)["ed"].role == "viewer"
+    assert len(parsed) == before + 1
+
+
+def test_a_file_changed_just_now_is_read_again(tmp_path):
+    """Two writes within the file system's timestamp granularity look the same to stat: a
+    recent file is never cached, so the second write is seen."""
+    path = tmp_path / "users.yaml"
+    auth.add_user(path, "ed", "editor", "editor-pass")
+    assert auth.cached_users(path)["ed"].is_editor
+    text = path.read_text()
+    stat = path.stat()
+    path.write_text(text.replace("role: editor", "role: viewer"))  # in place, same size
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert not auth.cached_users(path)["ed"].is_editor
+
+
+def test_a_demoted_editor_is_refused_at_the_next_action(store, dataset, tmp_path):
+    run = store.search_runs(text="alpha")[0][0]
+    at = as_user(EDITOR, "app_pages/run.py", run=str(run.id))
+    assert at.button(key="run_cancel")  # an editor's page
+    set_role(auth.auth_path(), "ed", "viewer")
+    at = AppTest.from_function(
+        act,
+        args=(run.id, str(dataset), str(tmp_path / "o"), True),
+        default_timeout=TIMEOUT,
+    )
+    at.session_state[auth.SESSION_KEY] = session_of(EDITOR)  # logged in as an editor
+    at.run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [
+        f"ed is a viewer: only editors may {a} runs"
+        for a in ("cancel", "resume", "delete", "launch", "clone")
+    ]
+    assert store.get_run(run.id).status is RunStatus.RUNNING
+    assert store.count_runs() == 2
+
+
+def test_a_removed_user_is_logged_out_at_the_next_rerun(store):
+    run = store.search_runs(text="alpha")[0][0]
+    at = as_user(EDITOR, "app_pages/run.py", run=str(run.id))
+    assert at.button(key="run_cancel")
+    auth.remove_user(auth.auth_path(), "ed")
+    at.button(key="run_cancel").click().run()  # the click of a page drawn before removal
+    assert not at.exception
+    assert store.get_run(run.id).status is RunStatus.RUNNING
+    assert auth.SESSION_KEY not in at.session_state
+    assert "Your session ended" in at.info[0].value
+    assert at.text_input(key="login_name")  # the login form again

@@ -70,9 +70,10 @@ class Scorer:
 
 @contextmanager
 def running_scorer(
-    reward_model: Path, cost_model: Path, max_wait_s: float = 0.01
+    reward_model: Path, cost_model: Path, max_wait_s: float = 0.01, token: str | None = None
 ) -> Iterator[Scorer]:
-    """The real scorer app under uvicorn on 127.0.0.1 (a thread); stops on exit."""
+    """The real scorer app under uvicorn on 127.0.0.1 (a thread), requiring `token` when
+    given; stops on exit."""
     import uvicorn
 
     from scorer.models import ScoringModel
@@ -82,6 +83,7 @@ def running_scorer(
         ScoringModel(reward_model, batch_size=4),
         ScoringModel(cost_model, batch_size=4),
         max_wait_s=max_wait_s,
+        token=token,
     )
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

@@ -18,8 +18,9 @@ pytestmark = pytest.mark.heavy
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def gold_length(completion_text: str, **_: object) -> dict:
-    """A 'gold' reward unrelated to the proxy: longer is better."""
+def gold_length(completion_text: str, target: str) -> dict:
+    """A 'gold' reward unrelated to the proxy: longer is better (it names the dataset's
+    argument, as every reward function must, and ignores it)."""
     return {"reward": float(len(completion_text))}
 
 

@@ -1,12 +1,13 @@
 import sqlite3
 
 import pytest
-from sqlalchemy import inspect
+from sqlalchemy import MetaData, inspect, select
 
 from jobs.store.database import make_engine
-from jobs.store.errors import SchemaOutdatedError, StoreError
+from jobs.store.errors import SchemaNewerError, SchemaOutdatedError, StoreError
 from jobs.store.migrate import current_revision, downgrade, head_revision, upgrade
 from jobs.store.store import Store
+from tests.jobs.test_store import CONFIG, make_run, step_report
 
 TABLES = {
     "runs",
@@ -58,19 +59,41 @@ def test_indexes_serve_the_dashboard_queries(store):
     }
 
 
-def test_store_refuses_an_unmigrated_database_and_names_the_command(db_url):
-    with pytest.raises(SchemaOutdatedError, match="eslab db upgrade"):
+def test_a_new_empty_database_gets_the_schema_when_a_store_opens_it(db_url):
+    Store(db_url).close()
+    engine = make_engine(db_url)
+    assert current_revision(engine) == head_revision()
+    assert set(inspect(engine).get_table_names()) >= TABLES
+    engine.dispose()
+
+
+def test_a_database_with_other_tables_is_left_alone(db_url):
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE invoices (id INTEGER PRIMARY KEY)")
+    with pytest.raises(SchemaOutdatedError, match="not an ES Lab database, so nothing was created"):
         Store(db_url)
+    assert inspect(engine).get_table_names() == ["invoices"]
+    engine.dispose()
 
 
 def test_store_refuses_an_older_migration(db_url):
+    upgrade(db_url, "0001")
+    with pytest.raises(SchemaOutdatedError, match=r"migration 0001 .*eslab db upgrade"):
+        Store(db_url)
+
+
+def test_a_database_newer_than_the_code_says_so(db_url):
     upgrade(db_url)
     engine = make_engine(db_url)
     with engine.begin() as conn:
-        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '0000'")
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '0099_from_the_future'")
     engine.dispose()
-    with pytest.raises(SchemaOutdatedError, match=r"migration 0000 .*eslab db upgrade"):
-        Store(db_url)
+    newer = r"migration 0099_from_the_future, .* this code is older than the database"
+    for attempt in (lambda: Store(db_url), lambda: upgrade(db_url), lambda: downgrade(db_url)):
+        with pytest.raises(SchemaNewerError, match=newer) as refused:
+            attempt()
+        assert "eslab db upgrade" not in str(refused.value)
 
 
 def test_an_unreachable_database_gives_one_clear_line(tmp_path):
@@ -102,4 +125,63 @@ def test_0002_keeps_existing_runs_as_their_first_attempt(db_url):
     assert "attempt" not in {c["name"] for c in inspect(engine).get_columns("runs")}
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT name FROM runs").scalar() == "old"
+    engine.dispose()
+
+
+def table_contents(url: str) -> dict[str, list[tuple]]:
+    """Every row of every table but Alembic's own, in primary-key order."""
+    engine = make_engine(url)
+    tables = MetaData()
+    tables.reflect(engine)
+    contents = {}
+    with engine.connect() as conn:
+        for name, table in tables.tables.items():
+            if name != "alembic_version":
+                query = select(table).order_by(*table.primary_key.columns)
+                contents[name] = [tuple(row) for row in conn.execute(query)]
+    engine.dispose()
+    return contents
+
+
+def test_down_to_the_first_migration_and_back_up_loses_no_row(db_url, tmp_path):
+    """Batch mode rebuilds `runs` on SQLite (copy, DROP, rename): with foreign keys on, the
+    DROP cascaded into every child table."""
+    upgrade(db_url)
+    store = Store(db_url)
+    parent = make_run(store, name="parent")
+    child = store.create_run(
+        name="clone", method="es", config=CONFIG, total_steps=10, parent_id=parent.id
+    )
+    for run in (parent, child):
+        for step in (1, 2):
+            store.record_step(run.id, step_report(step, reward=float(step)))
+        store.add_event(run.id, "info", "started")
+        store.add_checkpoint(run.id, 2, str(tmp_path / f"ckpt-{run.id}"))
+    store.close()
+    before = table_contents(db_url)
+    for table in ("runs", "metrics", "latest_metrics", "population", "samples", "events"):
+        assert before[table], f"the test wrote no {table} row"
+    assert before["checkpoints"]
+
+    downgrade(db_url, "0001")
+    upgrade(db_url)
+    assert table_contents(db_url) == before
+
+
+def test_a_row_that_refers_to_a_missing_run_stops_the_migration_and_changes_nothing(tmp_path):
+    """With foreign keys off during a SQLite migration, the check before commit is what
+    refuses broken references: the migration rolls back whole."""
+    url = f"sqlite:///{tmp_path / 'eslab.db'}"
+    upgrade(url, "0001")
+    raw = sqlite3.connect(tmp_path / "eslab.db")  # foreign keys off: the orphan gets in
+    raw.execute(
+        "INSERT INTO events (run_id, created_at, level, message) VALUES (7, '', 'info', '')"
+    )
+    raw.commit()
+    raw.close()
+    with pytest.raises(StoreError, match=r"rolled back.*events.rowid 1 -> runs"):
+        upgrade(url)
+    engine = make_engine(url)
+    assert current_revision(engine) == "0001"
+    assert "scheduler_lock" not in inspect(engine).get_table_names()
     engine.dispose()

@@ -278,6 +278,20 @@ LBES = {"method": "lbes"}
         ),
         ({"flat_corrcoef": True}, "flat_corrcoef", "only applies to method 'lbes'"),
         ({"reward_func_path": "compute_score"}, "reward_func_path", "must be a dotted path"),
+        (
+            {"reward_func_path": "os.system"},
+            "reward_func_path",
+            "reward.reward_func_path 'os.system' is not in an allowed place",
+        ),
+        (
+            {
+                "reward_source": "ensemble",
+                "reward_func_path": None,
+                "ensemble_members": "engine.rewards.gsm8k.compute_score,subprocess.run",
+            },
+            "ensemble_members",
+            "add 'subprocess' (or the folder that holds its file) to ESLAB_REWARD_MODULES",
+        ),
     ],
 )
 def test_cross_field_rules(options, field, text):
@@ -319,14 +333,15 @@ def test_nested_and_dotted_input():
         {
             "method": "lbes",
             "data": {"train_file": "t", "output_dir": "o"},
-            "reward.reward_func_path": "a.b",
+            "reward.reward_func_path": "engine.rewards.gsm8k.compute_score",
             "model": {"model": "m"},
             "es": {"noise_std": 0.01},
             "top_k_rewards": 2,
         }
     )
     assert (cfg.data.train_file, cfg.model.model, cfg.es.noise_std) == ("t", "m", 0.01)
-    assert cfg.reward.reward_func_path == "a.b" and cfg.lbes.top_k_rewards == 2
+    assert cfg.reward.reward_func_path == "engine.rewards.gsm8k.compute_score"
+    assert cfg.lbes.top_k_rewards == 2
     # `model` given flat is the option, not the group
     assert make(model="other/model").model.model == "other/model"
 

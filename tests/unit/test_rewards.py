@@ -10,6 +10,7 @@ import pytest
 
 from engine.rewards import (
     BUILTIN_REWARDS,
+    REWARD_MODULES_SETTING,
     RewardError,
     conciseness,
     countdown,
@@ -172,8 +173,10 @@ def test_every_builtin_loads_and_scores(name):
 @pytest.mark.parametrize(
     ("path", "message"),
     [
-        ("engine.rewards.nope.compute_score", "no module named 'engine.rewards.nope'"),
-        ("nowhere_at_all.compute_score", "no module named 'nowhere_at_all'"),
+        ("engine.rewards.nope.compute_score", "has no module 'engine.rewards.nope'"),
+        ("nowhere_at_all.compute_score", "is not in an allowed place"),
+        # tests is allowed for the test session (tests/conftest.py)
+        ("tests.nowhere_at_all.compute_score", "no module named 'tests.nowhere_at_all'"),
         ("engine.rewards.countdown.nope", "has no attribute 'nope'"),
         ("engine.rewards.countdown.FORMAT_WEIGHT", "not a function"),
         ("compute_score", "must be a dotted path"),
@@ -189,7 +192,7 @@ def test_load_reward_function_errors_name_the_path(path, message):
 
 def test_load_reward_function_reports_a_broken_import(tmp_path, monkeypatch):
     (tmp_path / "broken_reward_module.py").write_text("import missing_dependency_of_reward\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(REWARD_MODULES_SETTING, str(tmp_path))
     with pytest.raises(RewardError) as excinfo:
         load_reward_function("broken_reward_module.compute_score")
     message = str(excinfo.value)
@@ -201,31 +204,31 @@ def test_load_reward_function_reports_a_broken_import(tmp_path, monkeypatch):
 # --- score_completion --------------------------------------------------------------------
 
 
-def raising(completion_text, **kwargs):
+def raising(completion_text, ground_truth=None):
     raise KeyError("ground_truth")
 
 
-def returns_nan(completion_text, **kwargs):
+def returns_nan(completion_text, ground_truth=None):
     return {"reward": float("nan")}
 
 
-def returns_inf_part(completion_text, **kwargs):
+def returns_inf_part(completion_text, ground_truth=None):
     return {"reward": 1.0, "format": float("inf")}
 
 
-def returns_no_reward(completion_text, **kwargs):
+def returns_no_reward(completion_text, ground_truth=None):
     return {"score": 1.0}
 
 
-def returns_float(completion_text, **kwargs):
+def returns_float(completion_text, ground_truth=None):
     return 1.0
 
 
-def returns_string_value(completion_text, **kwargs):
+def returns_string_value(completion_text, ground_truth=None):
     return {"reward": "1.0"}
 
 
-def returns_none_value(completion_text, **kwargs):
+def returns_none_value(completion_text, ground_truth=None):
     return {"reward": None}
 
 
@@ -243,7 +246,8 @@ def takes_only_target(completion_text, *, target):
         (returns_float, "returned a float"),
         (returns_string_value, "reward='1.0', which is not a finite number"),
         (returns_none_value, "reward=None, which is not a finite number"),
-        (takes_only_target, "raised TypeError"),  # unexpected keyword argument
+        # refused before the call: ground_truth is not a parameter
+        (takes_only_target, "is given reward_func_args ['ground_truth'] that are not its"),
     ],
 )
 def test_score_completion_never_turns_a_failure_into_zero(func, problem):

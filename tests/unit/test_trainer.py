@@ -97,7 +97,7 @@ class ToyPool:
         pass
 
 
-def raising_reward(completion_text: str, **kwargs):
+def raising_reward(completion_text: str, target: str):
     raise ValueError("boom")
 
 
