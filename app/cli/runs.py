@@ -6,7 +6,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from app.cli.common import add_set_option, dashboard_url, load_config, open_store
+from app.cli.common import (
+    add_set_option,
+    dashboard_url,
+    load_config,
+    open_store,
+    print_error,
+)
 from engine.config import RunConfig
 
 
@@ -86,7 +92,11 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from jobs.liveness import status_label
     from jobs.scheduler import SchedulerSettings
 
-    timeout = SchedulerSettings.from_env().heartbeat_timeout_seconds
+    try:
+        timeout = SchedulerSettings.from_env().heartbeat_timeout_seconds
+    except ValueError as exc:  # a malformed ESLAB_HEARTBEAT_TIMEOUT_S
+        print_error(str(exc))
+        return 2
     with open_store() as store:
         runs = store.list_runs(limit=args.limit)
     if not runs:

@@ -112,6 +112,15 @@ def test_eslab_runs_marks_a_silent_run_stale(
     assert "stale" not in lines[str(beating.id)] and " running " in lines[str(beating.id)]
 
 
+def test_eslab_runs_refuses_a_malformed_timeout_in_one_line(sqlite_url, monkeypatch, capsys):
+    monkeypatch.setenv("ESLAB_DATABASE_URL", sqlite_url)
+    monkeypatch.setenv("ESLAB_HEARTBEAT_TIMEOUT_S", "-1")
+    assert main(["runs"]) == 2
+    assert capsys.readouterr().err == (
+        "eslab: error: ESLAB_HEARTBEAT_TIMEOUT_S must be a finite number above 0, got '-1'\n"
+    )
+
+
 # -- a real `eslab train` process ----------------------------------------------------------
 
 
