@@ -58,7 +58,7 @@ def ingest_through_sink(store: Store, steps: int, keys: list[str]) -> float:
     run = store.create_run(
         name="ingest", method="es", config={}, total_steps=steps, status=RunStatus.RUNNING
     )
-    sink = DatabaseSink(store, run.id)
+    sink = DatabaseSink(store, run.id, run.attempt)
     start = time.perf_counter()
     for step in tqdm(range(1, steps + 1), desc="ingest through the sink", leave=False):
         sink.log_step(

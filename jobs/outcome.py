@@ -1,6 +1,8 @@
 """How a run ended, recorded once: succeeded, failed with its traceback, or cancelled with
 where `eslab resume` continues from. Queued runs (the Ray job's jobs.worker) and foreground
-ones (`eslab train`, jobs.runner) end through the same Worker, and so through here."""
+ones (`eslab train`, jobs.runner) end through the same Worker, and so through here. The
+outcome belongs to one attempt: an attempt that is over (the run was resumed since) records
+nothing."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import traceback
 from pathlib import Path
 
 from jobs.checkpoints import latest_checkpoint
+from jobs.store.errors import StaleAttemptError
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
 
@@ -18,27 +21,41 @@ log = logging.getLogger("jobs.worker")
 
 
 class RunOutcome:
-    """The outcome of one run. The first one recorded stands, whether it comes from the
-    main thread (training ended) or from the stop watchdog (a step abandoned); the lock
-    keeps the two from recording at once."""
+    """The outcome of one attempt of a run. The first one recorded stands, whether it comes
+    from the main thread (training ended) or from the stop watchdog (a step abandoned); the
+    lock keeps the two from recording at once."""
 
-    def __init__(self, store: Store, run_id: int) -> None:
+    def __init__(self, store: Store, run_id: int, attempt: int) -> None:
         self.store = store
         self.run_id = run_id
+        self.attempt = attempt
         self._lock = threading.Lock()
+        self._deciding = False
 
     def record(self, status: RunStatus, message: str, error: str | None = None) -> bool:
         """Record the outcome unless the run has one (or cannot take this one), with
         `message` as its last event; True when recorded."""
         with self._lock:
-            if self.store.finish_run(self.run_id, status, error=error):
-                level = "error" if status is RunStatus.FAILED else "info"
-                self.store.add_event(self.run_id, level, message)
-                log.info("run %s %s: %s", self.run_id, status.value, message.splitlines()[0])
-                return True
+            self._deciding = True
+            try:
+                if self.store.finish_run(
+                    self.run_id, status, error=error, event=message, attempt=self.attempt
+                ):
+                    log.info("run %s %s: %s", self.run_id, status.value, message.splitlines()[0])
+                    return True
+            except StaleAttemptError as exc:
+                log.error("%s; not recording %s", exc, status.value)
+                return False
             now = self.store.get_run(self.run_id).status.value
             log.warning("run %s is %s; not recording %s", self.run_id, now, status.value)
             return False
+
+    def deciding(self) -> bool:
+        """Whether this worker is recording, or has recorded, its outcome: from then on the
+        run ending is its own doing, not a sign that its attempt was ended elsewhere. Waits
+        for a recording in progress."""
+        with self._lock:
+            return self._deciding
 
     def succeeded(self, output: Path) -> None:
         # A cancel that came as the last step ended leaves the run cancelling, which may

@@ -4,12 +4,15 @@ A tick every few seconds (APScheduler BackgroundScheduler) does, in order:
 1. stop the Ray job of every running run whose heartbeat is older than the timeout (a frozen
    or unreachable worker). This step only reads the database: a worker frozen in the
    middle of a write holds SQLite's write lock, and nothing else can be written until Ray
-   has killed it;
+   has killed it. A silent foreground run (`eslab train`, no Ray job) is only noted: its
+   process is not ours to stop;
 2. renew the scheduler lock; a scheduler without it does nothing, so one scheduler runs per
    database even when two `eslab serve` share it;
 3. sync every active run with its Ray job: a job that ended while the run is not ended
    means the worker died (run failed, with the tail of the job log); a cancelling run's job
-   is stopped; a run stopped in step 1 is failed with the reason;
+   is stopped; a run stopped in step 1 is failed with the reason. A foreground run noted in
+   step 1 is failed, or cancelled if a cancel was waiting for it; should its process still
+   live, its attempt is over and its next write is refused, which stops it;
 4. submit queued runs, oldest first, while fewer than `max_concurrent_runs` are active and
    the Ray cluster has the CPUs/GPUs they ask for.
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import shlex
 import socket
@@ -37,7 +41,9 @@ from typing import Any
 from sqlalchemy.engine import make_url
 
 from engine.paths import PROJECT_ROOT, data_dir
+from jobs.liveness import silent_seconds
 from jobs.ray_jobs import JobState, RayJobs, RayUnavailableError, SubmitError
+from jobs.store.errors import StaleAttemptError
 from jobs.store.records import RunRecord
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
@@ -84,9 +90,15 @@ class SchedulerSettings:
         for field_name, (var, kind) in names.items():
             if environ.get(var):
                 try:
-                    values[field_name] = kind(environ[var])
+                    value = kind(environ[var])
                 except ValueError:
-                    raise ValueError(f"{var} must be a number, got {environ[var]!r}") from None
+                    value = None
+                # Zero or less would, for the heartbeat timeout, fail every healthy run.
+                if value is None or not math.isfinite(value) or value <= 0:
+                    raise ValueError(
+                        f"{var} must be a finite number above 0, got {environ[var]!r}"
+                    ) from None
+                values[field_name] = value
         return cls(**{**values, **overrides})
 
 
@@ -113,8 +125,9 @@ def submission_id(run: RunRecord) -> str:
 
 def worker_entrypoint(run: RunRecord) -> str:
     """The Ray job's command: the worker module, with the interpreter of this process (the
-    project is installed in it, so the job needs no working_dir upload)."""
-    return f"{shlex.quote(sys.executable)} -m jobs.worker {run.id}"
+    project is installed in it, so the job needs no working_dir upload), for this attempt
+    (a job that starts after its attempt was given up leaves the next one alone)."""
+    return f"{shlex.quote(sys.executable)} -m jobs.worker {run.id} --attempt {run.attempt}"
 
 
 def run_demand(config: Mapping[str, Any], *, gpus: bool) -> dict[str, float]:
@@ -153,7 +166,8 @@ class Scheduler:
         because the database is locked leaves it as it was: nobody else can have taken the
         lock while nothing can be written."""
         self._silenced: dict[int, str] = {}
-        """Runs whose job step 1 stopped for a silent heartbeat, with the reason to record."""
+        """Runs that step 1 found silent (and stopped the job of, if they have one), with the
+        reason to record."""
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -227,8 +241,7 @@ class Scheduler:
     def _sync(self, run: RunRecord) -> None:
         sid = run.ray_submission_id
         if sid is None:
-            # Not ours: `eslab train` in the foreground records its own outcome (and its
-            # heartbeat thread turns a cancel requested here into a stop).
+            self._sync_foreground(run)
             return
         state = self.ray_jobs.state(sid)
         if run.status is RunStatus.CANCELLING:
@@ -260,32 +273,58 @@ class Scheduler:
                 f"Ray job {state.value}",
             )
 
+    def _sync_foreground(self, run: RunRecord) -> None:
+        """`eslab train` records its own outcome (and its heartbeat thread turns a cancel
+        requested here into a stop); only a run that step 1 found silent is ended here, as
+        cancelled when a cancel was waiting for it (its last checkpoint stands)."""
+        reason = self._silenced.pop(run.id, None)
+        if reason is None:
+            return
+        if run.status is RunStatus.CANCELLING:
+            self._finish(run, RunStatus.CANCELLED, None, reason)
+        else:
+            self._finish(run, RunStatus.FAILED, reason, "heartbeat timeout")
+
     def _stop_silent_workers(self) -> None:
-        """Stop the job of each running run whose heartbeat is older than the timeout. Reads
-        and Ray calls only (see step 1 of the module docstring); `_sync` records the failure
-        once the database takes writes again."""
+        """Stop the job of each running run whose heartbeat is older than the timeout, and
+        note each silent foreground run. Reads and Ray calls only (see step 1 of the module
+        docstring); `_sync` records the outcome once the database takes writes again."""
         timeout = self.settings.heartbeat_timeout_seconds
         now = datetime.now(UTC)
         for run in self.store.active_runs():
-            last = run.heartbeat_at or run.started_at
+            silent = silent_seconds(run, now)
             sid = run.ray_submission_id
-            if run.status is not RunStatus.RUNNING or sid is None or last is None:
+            if silent is None or silent <= timeout or run.id in self._silenced:
                 continue
-            silent = (now - last).total_seconds()
-            if silent <= timeout or run.id in self._silenced:
+            limit = f"{silent:.0f} s (timeout {timeout:.0f} s, ESLAB_HEARTBEAT_TIMEOUT_S)"
+            if sid is None:
+                self._silenced[run.id] = (
+                    f"no heartbeat from its foreground `eslab train` process for {limit}: it "
+                    "was killed, froze or lost the database. That process is not the "
+                    "scheduler's to stop; if it still lives, its next write is refused and "
+                    "it stops itself"
+                )
+            elif run.status is RunStatus.RUNNING:  # a cancelling run's job is stopped by _sync
+                self.ray_jobs.stop(sid)
+                self._silenced[run.id] = (
+                    f"no heartbeat from the worker for {limit}: the worker froze or lost the "
+                    "database; its job was stopped"
+                )
+            else:
                 continue
-            self.ray_jobs.stop(sid)
-            self._silenced[run.id] = (
-                f"no heartbeat from the worker for {silent:.0f} s (timeout {timeout:.0f} s, "
-                "ESLAB_HEARTBEAT_TIMEOUT_S): the worker froze or lost the database; its job "
-                "was stopped"
-            )
             log.warning("run %s: %s", run.id, self._silenced[run.id])
 
     def _finish(self, run: RunRecord, status: RunStatus, error: str | None, why: str) -> None:
-        if self.store.finish_run(run.id, status, error=error):
-            level = "error" if status is RunStatus.FAILED else "info"
-            self.store.add_event(run.id, level, f"scheduler marked the run {status.value}: {why}")
+        """End the attempt `run` was listed at; a run resumed since is left alone."""
+        event = f"scheduler marked the run {status.value}: {why}"
+        try:
+            ended = self.store.finish_run(
+                run.id, status, error=error, event=event, attempt=run.attempt
+            )
+        except StaleAttemptError as exc:
+            log.info("%s; left alone", exc)
+            return
+        if ended:
             log.info("run %s %s: %s", run.id, status.value, why)
 
     # -- starting runs ------------------------------------------------------------------

@@ -10,6 +10,13 @@ Liveness: a background thread writes the heartbeat every ESLAB_HEARTBEAT_S secon
 step that takes minutes does not look like a dead worker; the same thread notices a cancel
 requested in the database.
 
+Attempts: the worker runs one attempt of the run (`--attempt`, which the scheduler puts in
+the Ray job's command; else the run's attempt when the worker starts), and every database
+write it makes names that attempt. Once the attempt is over (a resume started the next one,
+or the scheduler ended the run after its heartbeat went silent) the store refuses the write
+(StaleAttemptError) and the worker exits at once, writing nothing more, not even a
+checkpoint folder into the output_dir the next attempt uses.
+
 Stopping (SIGTERM from Ray's stop_job, SIGINT, or a cancel seen by the heartbeat): the
 current step finishes; at the step boundary the trainer saves a checkpoint when it offers a
 `should_stop` hook (otherwise the sink stops it there and the last regular checkpoint
@@ -27,6 +34,7 @@ import inspect
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -38,13 +46,16 @@ from engine.sink import Sink, StepReport
 from jobs.checkpoints import latest_checkpoint
 from jobs.outcome import RunOutcome
 from jobs.sink import DatabaseSink
-from jobs.store.errors import StoreError
+from jobs.store.errors import StaleAttemptError, StoreError
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
 
 log = logging.getLogger("jobs.worker")
 
 DEFAULT_TRAIN = "engine.trainer:train"
+TRAIN_VARIABLE = "ESLAB_WORKER_TRAIN"
+"""Names another training function, for the Ray job and `eslab train` alike (tests use a
+stand-in)."""
 TrainFunction = Callable[..., Path]
 
 
@@ -109,21 +120,32 @@ class StoppingSink:
 
 
 class Heartbeat(threading.Thread):
-    """Writes the heartbeat every `interval` seconds and turns a cancel requested in the
-    database into a stop request. A failed write is logged and retried: the scheduler's
-    timeout, not this thread, decides when a silent worker is dead."""
+    """Writes the heartbeat of one attempt every `interval` seconds and turns a cancel
+    requested in the database into a stop request, and a refused heartbeat (the attempt is
+    over) into `on_over`. A write that fails otherwise is logged and retried: the
+    scheduler's timeout, not this thread, decides when a silent worker is dead."""
 
     def __init__(
-        self, store: Store, run_id: int, interval: float, on_cancel: Callable[[str], None]
+        self,
+        outcome: RunOutcome,
+        interval: float,
+        on_cancel: Callable[[str], None],
+        on_over: Callable[[str], None],
     ) -> None:
         super().__init__(name="eslab-heartbeat", daemon=True)
-        self.store, self.run_id, self.interval, self.on_cancel = store, run_id, interval, on_cancel
+        self.outcome, self.interval = outcome, interval
+        self.on_cancel, self.on_over = on_cancel, on_over
         self._done = threading.Event()
 
     def run(self) -> None:
+        store, run_id, attempt = self.outcome.store, self.outcome.run_id, self.outcome.attempt
         while not self._done.wait(self.interval):
             try:
-                status = self.store.beat(self.run_id)
+                status = store.beat(run_id, attempt=attempt)
+            except StaleAttemptError as exc:
+                if not self.outcome.deciding():  # else the run ended by this worker's doing
+                    self.on_over(str(exc))
+                return
             except StoreError as exc:
                 log.warning("heartbeat failed: %s", exc)
                 continue
@@ -143,7 +165,8 @@ class Worker:
         store: Store,
         run_id: int | str,
         *,
-        train: TrainFunction | str = DEFAULT_TRAIN,
+        attempt: int | None = None,
+        train: TrainFunction | str | None = None,
         heartbeat_seconds: float = 5.0,
         abandon_after_seconds: float = 30.0,
         foreground: bool = False,
@@ -153,6 +176,10 @@ class Worker:
     ) -> None:
         """`foreground`: the run was created running by `eslab train`, which runs it in this
         process (no scheduler); otherwise the run must be queued and this worker claims it.
+        `train`: the training function or its `module:function` (default: ESLAB_WORKER_TRAIN,
+        else engine.trainer:train).
+        `attempt`: the attempt this worker runs (the Ray job's command names it); None takes
+        the run's attempt when the worker starts.
         `resume_from`: a checkpoint folder that overrides the newest one the database lists.
         `wrap_sink`: wraps the database sink (the command line's progress bar).
         `release_engine` False: the process exits right after the outcome is recorded (the
@@ -160,7 +187,8 @@ class Worker:
         (3.3 s here) that a cancel should not have to wait for."""
         self.store = store
         self.run_id = run_id
-        self.train = train
+        self.attempt = attempt
+        self.train = train or os.environ.get(TRAIN_VARIABLE) or DEFAULT_TRAIN
         self.heartbeat_seconds = heartbeat_seconds
         self.abandon_after_seconds = abandon_after_seconds
         self.foreground = foreground
@@ -177,13 +205,19 @@ class Worker:
         from engine.config import RunConfig
 
         run = self.store.get_run(self.run_id)
+        attempt = run.attempt if self.attempt is None else self.attempt
         expected = RunStatus.RUNNING if self.foreground else RunStatus.QUEUED
-        if run.status is not expected:
+        if run.status is not expected or run.attempt != attempt:
             log.info(
-                "run %s is %s, not %s; nothing to do", run.id, run.status.value, expected.value
+                "run %s is %s at attempt %s, not %s at attempt %s; nothing to do",
+                run.id,
+                run.status.value,
+                run.attempt,
+                expected.value,
+                attempt,
             )
             return 0
-        outcome = RunOutcome(self.store, run.id)
+        outcome = RunOutcome(self.store, run.id, attempt)
         try:
             config = RunConfig.from_flat(run.config)
             train = load_train(self.train) if isinstance(self.train, str) else self.train
@@ -192,14 +226,14 @@ class Worker:
             return 1
         checkpoint = latest_checkpoint(self.store, run.id)
         resume_from = self.resume_from or (checkpoint.path if checkpoint else None)
-        if not self.foreground and not self.store.start_run(run.id):
-            log.info("run %s was cancelled before it started", run.id)
+        if not self.foreground and not self.store.start_run(run.id, attempt=attempt):
+            log.info("run %s was cancelled or resumed before attempt %s started", run.id, attempt)
             return 0
         self.run_id = run.id
         self.outcome = outcome
         hooked = accepts(train, "should_stop")
         sink = StoppingSink(
-            self.wrap_sink(DatabaseSink(self.store, run.id)),
+            self.wrap_sink(DatabaseSink(self.store, run.id, attempt)),
             self.stop,
             raise_at_boundary=not hooked,
         )
@@ -209,7 +243,9 @@ class Worker:
         if resume_from:
             log.info("run %s resumes from %s", run.id, resume_from)
 
-        heartbeat = Heartbeat(self.store, run.id, self.heartbeat_seconds, self.request_stop)
+        heartbeat = Heartbeat(
+            outcome, self.heartbeat_seconds, self.request_stop, self._attempt_over
+        )
         previous = self._install_signal_handlers()
         heartbeat.start()
         try:
@@ -231,11 +267,18 @@ class Worker:
         """Train and record the outcome. The engine is started here rather than by the
         trainer so that the outcome is recorded before it is released (see release_engine)."""
         try:
+            if self.foreground:
+                # Who to look for if the run is declared dead while the process lives on.
+                where = f"process {os.getpid()} on {socket.gethostname()}"
+                sink.log_event("info", f"`eslab train` runs this attempt in {where}")
             if accepts(train, "pool"):
                 from engine.trainer import start_pool
 
                 kwargs["pool"] = start_pool(config)
             output = train(config, sink, **kwargs)
+        except StaleAttemptError as exc:
+            log.error("%s; this worker stops and records nothing", exc)
+            return 1
         except BaseException as exc:
             if self.stop.is_set():
                 outcome.cancelled(f"stopped after step {sink.last_step} ({self.stop.reason})")
@@ -279,6 +322,14 @@ class Worker:
                 "the stop request"
             )
 
+    def _attempt_over(self, why: str) -> None:
+        """This attempt may no longer write (its heartbeat was refused): exit now, from the
+        heartbeat thread, because the main thread may be deep in a step that ends with a
+        checkpoint folder written where the next attempt writes its own."""
+        log.error("%s; this worker stops now and records nothing", why)
+        logging.shutdown()
+        os._exit(1)
+
     def _abandon(self, why: str) -> None:
         """Record the run cancelled and exit now: the step in progress is lost, the last
         checkpoint stands. os._exit, because the main thread may be deep in the engine."""
@@ -317,6 +368,12 @@ def _restore_signal_handlers(previous: dict[int, Any]) -> None:
         signal.signal(sig, handler)
 
 
+def _attempt_number(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1, got {text!r}")
+    return int(text)
+
+
 def _seconds(name: str, default: float) -> float:
     value = os.environ.get(name)
     return float(value) if value else default
@@ -328,10 +385,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("run_id", help="the run's id or uuid")
     parser.add_argument(
+        "--attempt",
+        type=_attempt_number,
+        help="the attempt this job runs (the scheduler names it); a run at another attempt "
+        "is left alone. Default: the run's attempt when the worker starts",
+    )
+    parser.add_argument(
         "--train",
-        default=os.environ.get("ESLAB_WORKER_TRAIN", DEFAULT_TRAIN),
         metavar="MODULE:FUNCTION",
-        help=f"the training function (default: ESLAB_WORKER_TRAIN or {DEFAULT_TRAIN}; tests "
+        help=f"the training function (default: {TRAIN_VARIABLE} or {DEFAULT_TRAIN}; tests "
         "use a stand-in)",
     )
     args = parser.parse_args(argv)
@@ -345,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         worker = Worker(
             store,
             args.run_id,
+            attempt=args.attempt,
             train=args.train,
             heartbeat_seconds=_seconds("ESLAB_HEARTBEAT_S", 5.0),
             abandon_after_seconds=_seconds("ESLAB_ABANDON_AFTER_S", 30.0),

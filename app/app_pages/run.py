@@ -21,9 +21,12 @@ from app.views import (
     smoothing_param,
 )
 from engine.paths import resolve_path
+from jobs.liveness import stale_for
+from jobs.scheduler import SchedulerSettings
 from jobs.store.errors import StoreError
 
 REFRESH_SECONDS = 5
+HEARTBEAT_TIMEOUT = SchedulerSettings.from_env().heartbeat_timeout_seconds
 X_AXES = {"step": "step", "wall time (min)": "wall_time"}
 
 store = get_store()
@@ -48,6 +51,13 @@ def status() -> None:
     c2.metric("Step", f"{current.step} / {current.total_steps or '?'}")
     c3.metric("Elapsed", duration(elapsed(current)))
     c4.metric("Time left", duration(eta(current)))
+    silent = stale_for(current, HEARTBEAT_TIMEOUT)
+    if silent:
+        st.warning(
+            f"No heartbeat from this run's worker for {silent}: it may be gone. `eslab serve` "
+            "ends such a run once ESLAB_HEARTBEAT_TIMEOUT_S has passed; until one runs, the "
+            f"run stays {current.status.value}."
+        )
     if current.error:
         show_error(current.error)
     actions.buttons(store, current, "run")

@@ -21,11 +21,14 @@ from app.views import (
     task_name,
 )
 from engine import metrics as mk
+from jobs.liveness import status_label
+from jobs.scheduler import SchedulerSettings
 from jobs.store.records import RunRecord
 from jobs.store.status import RunStatus
 
 PAGE_SIZE = 50
 REFRESH_SECONDS = 5
+HEARTBEAT_TIMEOUT = SchedulerSettings.from_env().heartbeat_timeout_seconds
 SORTS = {
     "newest": "-created_at",
     "oldest": "created_at",
@@ -111,7 +114,7 @@ def table_and_actions(refreshing: bool) -> None:
             {
                 "id": r.id,
                 "name": r.name,
-                "status": r.status.value,
+                "status": status_label(r, HEARTBEAT_TIMEOUT),
                 "method": r.method,
                 "mode": mode(r),
                 "model": model_name(r),

@@ -6,7 +6,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from app.cli.common import add_set_option, dashboard_url, load_config, open_store
+from app.cli.common import (
+    add_set_option,
+    dashboard_url,
+    load_config,
+    open_store,
+    print_error,
+)
 from engine.config import RunConfig
 
 
@@ -83,6 +89,14 @@ def cmd_clone(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    from jobs.liveness import status_label
+    from jobs.scheduler import SchedulerSettings
+
+    try:
+        timeout = SchedulerSettings.from_env().heartbeat_timeout_seconds
+    except ValueError as exc:  # a malformed ESLAB_HEARTBEAT_TIMEOUT_S
+        print_error(str(exc))
+        return 2
     with open_store() as store:
         runs = store.list_runs(limit=args.limit)
     if not runs:
@@ -94,7 +108,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
             str(r.id),
             r.name,
             r.method,
-            r.status.value,
+            status_label(r, timeout),
             f"{r.step}/{r.total_steps or '?'}",
             r.created_at.astimezone().strftime("%Y-%m-%d %H:%M"),
         )
@@ -113,6 +127,13 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         run = store.request_cancel(args.run)
     if run.status is RunStatus.CANCELLED:
         print(f"run {run.id} cancelled (it had not started)")
+    elif run.ray_submission_id is None:
+        print(
+            f"run {run.id} is cancelling: its `eslab train` process finishes the current "
+            "step, saves a checkpoint and ends it cancelled; if that process is gone, "
+            "`eslab serve` ends it cancelled once its heartbeat is ESLAB_HEARTBEAT_TIMEOUT_S "
+            "old (`eslab resume` continues it)"
+        )
     else:
         print(
             f"run {run.id} is cancelling: its job finishes the current step, saves a "

@@ -70,6 +70,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         for bar in bars:
             bar.close()
     ended = store.get_run(run.id)
+    if ended.attempt != run.attempt:
+        print(
+            f"eslab: run {run.id} was resumed as attempt {ended.attempt} while this process "
+            f"ran attempt {run.attempt}; this process stopped and recorded nothing",
+            file=sys.stderr,
+        )
+        return 1
     events = store.events(run.id)
     last_event = events[-1].message if events else ""
     if ended.status is RunStatus.SUCCEEDED:

@@ -17,5 +17,10 @@ class InvalidTransitionError(StoreError):
     pass
 
 
+class StaleAttemptError(StoreError):
+    """A write of an attempt that is over: the run was resumed as a newer attempt, or ended
+    without it. Nothing of the write was kept; the worker that made it must stop."""
+
+
 class SchemaNewerError(StoreError):
     """The database is at a migration this code does not know: a newer ES Lab migrated it."""

@@ -2,20 +2,20 @@
 need to hand queued runs to Ray, start, beat, finish, cancel and resume them.
 
 Every status change here is a conditional UPDATE (`... WHERE status IN (...)`, see
-_compare_and_set) so that two writers racing, such as a cancel and a worker starting, or a
-worker finishing and the scheduler declaring it dead, cannot both win, on SQLite as on
-PostgreSQL."""
+fence.compare_and_set) so that two writers racing, such as a cancel and a worker starting, or
+a worker finishing and the scheduler declaring it dead, cannot both win, on SQLite as on
+PostgreSQL. The worker's writes (start, beat, finish) also name its attempt, so that a
+worker of an attempt that is over cannot start, keep alive or end its successor."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import func, select
 
 from jobs.store import models
 from jobs.store.errors import InvalidTransitionError, StoreError
+from jobs.store.fence import compare_and_set, stale_attempt, write_as
 from jobs.store.records import RunRecord
 from jobs.store.rows import event_row, find_run, run_record, utcnow
 from jobs.store.session import StoreBase
@@ -59,7 +59,7 @@ class RunQueue(StoreBase):
         queued (cancelled meanwhile) or was already submitted."""
         with self._session() as s:
             row = find_run(s, run)
-            return _compare_and_set(
+            return compare_and_set(
                 s,
                 row.id,
                 [RunStatus.QUEUED],
@@ -71,14 +71,16 @@ class RunQueue(StoreBase):
         """Undo mark_submitted when Ray could not take the job, so the next tick retries."""
         with self._session() as s:
             row = find_run(s, run)
-            _compare_and_set(s, row.id, [RunStatus.QUEUED], {"ray_submission_id": None})
+            compare_and_set(s, row.id, [RunStatus.QUEUED], {"ray_submission_id": None})
 
-    def start_run(self, run: int | str) -> bool:
-        """queued -> running, as the worker starts; False when the run was cancelled first."""
+    def start_run(self, run: int | str, *, attempt: int | None = None) -> bool:
+        """queued -> running, as the worker of `attempt` starts; False when the run was
+        cancelled first, or is no longer at that attempt (a Ray job of an attempt that was
+        cancelled while queued and then resumed, started late)."""
         with self._session() as s:
             row = find_run(s, run)
             now = utcnow()
-            return _compare_and_set(
+            return compare_and_set(
                 s,
                 row.id,
                 [RunStatus.QUEUED],
@@ -87,12 +89,23 @@ class RunQueue(StoreBase):
                     "heartbeat_at": now,
                     "started_at": func.coalesce(models.Run.started_at, now),
                 },
+                extra=None if attempt is None else models.Run.attempt == attempt,
             )
 
-    def finish_run(self, run: int | str, status: RunStatus, *, error: str | None = None) -> bool:
-        """End a run that has not ended yet. False when it had already ended (a late write
-        of a dying worker, or the scheduler and the worker both noticing the end): the
-        first outcome recorded is the one that stays."""
+    def finish_run(
+        self,
+        run: int | str,
+        status: RunStatus,
+        *,
+        error: str | None = None,
+        event: str | None = None,
+        attempt: int | None = None,
+    ) -> bool:
+        """End a run that has not ended yet, with `event` as its last event (an error
+        event for a failure) in the same transaction. False when it had already ended (a
+        late write of a dying worker, or the scheduler and the worker both noticing the
+        end): the first outcome recorded is the one that stays. With `attempt`, a run that
+        was resumed as another attempt since is not touched: StaleAttemptError."""
         if not status.is_terminal():
             raise ValueError(f"finish_run needs a terminal status, got {status.value}")
         sources = [x for x in RunStatus if not x.is_terminal() and can_transition(x, status)]
@@ -101,15 +114,25 @@ class RunQueue(StoreBase):
             values["error"] = error
         with self._session() as s:
             row = find_run(s, run)
-            return _compare_and_set(s, row.id, sources, values)
+            fence = None if attempt is None else models.Run.attempt == attempt
+            if not compare_and_set(s, row.id, sources, values, extra=fence):
+                current = s.scalar(select(models.Run.attempt).where(models.Run.id == row.id))
+                if attempt is not None and current != attempt:
+                    raise stale_attempt(s, row.id, attempt)
+                return False
+            if event is not None:
+                level = "error" if status is RunStatus.FAILED else "info"
+                s.add(event_row(row.id, level, event))
+            return True
 
-    def beat(self, run: int | str) -> RunStatus:
+    def beat(self, run: int | str, *, attempt: int | None = None) -> RunStatus:
         """The worker's background heartbeat: proves the process lives even while one step
-        takes minutes, and tells it the run's status (a cancel request shows here)."""
+        takes minutes, and tells it the run's status (a cancel request shows here). Fenced
+        like every write of an attempt (fence.write_as): a worker whose attempt is over
+        hears it here, within one heartbeat, even in the middle of a long step."""
         with self._session() as s:
-            row = find_run(s, run)
-            row.heartbeat_at = utcnow()
-            return RunStatus(row.status)
+            run_id = write_as(s, run, attempt, heartbeat_at=utcnow())
+            return RunStatus(s.scalar(select(models.Run.status).where(models.Run.id == run_id)))
 
     def request_cancel(self, run: int | str) -> RunRecord:
         """A queued run is cancelled at once (its worker, if Ray started one, sees that and
@@ -128,7 +151,7 @@ class RunQueue(StoreBase):
                 values: dict[str, Any] = {"status": target.value}
                 if target is RunStatus.CANCELLED:
                     values["finished_at"] = utcnow()
-                if _compare_and_set(s, row.id, [status], values):
+                if compare_and_set(s, row.id, [status], values):
                     s.add(
                         event_row(
                             row.id, "info", f"cancel requested ({status.value} -> {target.value})"
@@ -158,7 +181,7 @@ class RunQueue(StoreBase):
                     f"resumed{hint}"
                 )
             attempt = (row.attempt or 1) + 1
-            if not _compare_and_set(
+            if not compare_and_set(
                 s,
                 row.id,
                 [status],
@@ -178,25 +201,3 @@ class RunQueue(StoreBase):
             s.add(event_row(row.id, "info", f"attempt {attempt} queued: resumes from {where}"))
             s.flush()
             return run_record(row)
-
-
-def _compare_and_set(
-    session: Session,
-    run_id: int,
-    sources: Sequence[RunStatus],
-    values: dict[str, Any],
-    *,
-    extra: Any = None,
-) -> bool:
-    """UPDATE runs SET values WHERE id = run_id AND status IN sources: the status test and
-    the write are one statement, so a concurrent writer cannot slip in between."""
-    where = [models.Run.id == run_id, models.Run.status.in_([x.value for x in sources])]
-    if extra is not None:
-        where.append(extra)
-    result = session.execute(
-        update(models.Run)
-        .where(*where)
-        .values(**values)
-        .execution_options(synchronize_session=False)
-    )
-    return result.rowcount == 1

@@ -18,6 +18,8 @@ class RunStatus(StrEnum):
 
 
 TERMINAL = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+LIVE = frozenset({RunStatus.RUNNING, RunStatus.CANCELLING})
+"""The statuses in which a worker trains: it heartbeats and writes steps, checkpoints, events."""
 
 # A resumed run goes from a terminal failed/cancelled state back to queued; nothing else may
 # leave a terminal state, so a late write from a dying worker cannot revive a finished run.

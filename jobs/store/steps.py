@@ -1,30 +1,46 @@
 """What a running training writes through the Sink: each step's metrics, population rows and
 samples in one transaction, checkpoints, events and heartbeats; and the undoing of steps that
-a resumed run writes again."""
+a resumed run writes again.
+
+Each write takes the writer's `attempt` (the run's attempt when its worker started) and is
+fenced by it in its own transaction (fence.write_as): once a resume has started another
+attempt, or the run was ended without the worker, the write is refused with
+StaleAttemptError and nothing of it is kept, so a worker that was given up for dead but still
+lives cannot write into its successor's attempt."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import case, delete, func, select
 from sqlalchemy.orm import Session
 
 from engine.sink import StepReport
 from jobs.store import models
+from jobs.store.fence import write_as
 from jobs.store.rows import event_row, find_run, upsert, utcnow
 from jobs.store.session import StoreBase
 
 
 class StepRecords(StoreBase):
-    def record_step(self, run: int | str, report: StepReport) -> None:
+    def record_step(
+        self, run: int | str, report: StepReport, *, attempt: int | None = None
+    ) -> None:
         """Metrics, population rows and samples of one step, in one transaction. Writing a
         step again replaces its metrics and population rows (a resumed run rewrites the
         steps after its checkpoint), never duplicates them."""
+        step = models.Run.step
         with self._session() as s:
-            row = find_run(s, run)
+            run_id = write_as(
+                s,
+                run,
+                attempt,
+                step=case((step < report.step, report.step), else_=step),
+                heartbeat_at=utcnow(),
+            )
             metric_rows = [
                 {
-                    "run_id": row.id,
+                    "run_id": run_id,
                     "key": k,
                     "step": report.step,
                     "value": float(v),
@@ -40,38 +56,40 @@ class StepRecords(StoreBase):
                     s,
                     models.PopulationMember,
                     [
-                        {"run_id": row.id, "step": report.step, **asdict(p)}
+                        {"run_id": run_id, "step": report.step, **asdict(p)}
                         for p in report.population
                     ],
                     ["run_id", "step", "member"],
                 )
             s.add_all(
-                models.Sample(run_id=row.id, step=report.step, **asdict(x)) for x in report.samples
+                models.Sample(run_id=run_id, step=report.step, **asdict(x)) for x in report.samples
             )
-            row.step = max(row.step, report.step)
-            row.heartbeat_at = utcnow()
 
-    def heartbeat(self, run: int | str, step: int | None = None) -> None:
+    def heartbeat(
+        self, run: int | str, step: int | None = None, *, attempt: int | None = None
+    ) -> None:
+        values = {"heartbeat_at": utcnow()} | ({} if step is None else {"step": step})
         with self._session() as s:
-            row = find_run(s, run)
-            row.heartbeat_at = utcnow()
-            if step is not None:
-                row.step = step
+            write_as(s, run, attempt, **values)
 
-    def add_checkpoint(self, run: int | str, step: int, path: str) -> None:
+    def add_checkpoint(
+        self, run: int | str, step: int, path: str, *, attempt: int | None = None
+    ) -> None:
         with self._session() as s:
-            row = find_run(s, run)
+            run_id = write_as(s, run, attempt)
             upsert(
                 s,
                 models.Checkpoint,
-                [{"run_id": row.id, "step": step, "path": path, "created_at": utcnow()}],
+                [{"run_id": run_id, "step": step, "path": path, "created_at": utcnow()}],
                 ["run_id", "step"],
             )
 
-    def add_event(self, run: int | str, level: str, message: str) -> None:
+    def add_event(
+        self, run: int | str, level: str, message: str, *, attempt: int | None = None
+    ) -> None:
+        """`attempt` None: a note from outside the run's attempts (the scheduler's)."""
         with self._session() as s:
-            row = find_run(s, run)
-            s.add(event_row(row.id, level, message))
+            s.add(event_row(write_as(s, run, attempt), level, message))
 
     def truncate_after(self, run: int | str, step: int) -> None:
         """Forget everything a dead attempt wrote after `step` (resume from a checkpoint)."""

@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 
 from engine.sink import PopulationRecord, SampleRecord, StepReport
-from jobs.store.errors import InvalidTransitionError
+from jobs.store.errors import InvalidTransitionError, StaleAttemptError
 from jobs.store.status import RunStatus
 
 CONFIG = {"method": "es", "population_size": 2}
@@ -112,6 +112,74 @@ def test_resume_truncates_after_the_checkpoint_and_starts_a_new_attempt(store):
         store.record_step(run.id, report(step))
     assert [p.step for p in store.metric_series(run.id, "train/reward/mean")] == [1, 2, 3, 4]
     assert len(store.samples(run.id, split="train", step=3)) == 1
+
+
+def attempt_writes(store, run_id, attempt, step):
+    """Every write a worker makes, as the attempt `attempt`."""
+    return {
+        "record_step": lambda: store.record_step(run_id, report(step), attempt=attempt),
+        "heartbeat": lambda: store.heartbeat(run_id, step, attempt=attempt),
+        "beat": lambda: store.beat(run_id, attempt=attempt),
+        "add_checkpoint": lambda: store.add_checkpoint(
+            run_id, step, f"/ckpt/checkpoint-{step}", attempt=attempt
+        ),
+        "add_event": lambda: store.add_event(run_id, "info", "late", attempt=attempt),
+        "finish_run": lambda: store.finish_run(
+            run_id, RunStatus.SUCCEEDED, event="late success", attempt=attempt
+        ),
+    }
+
+
+def test_a_resumed_runs_old_attempt_can_write_nothing(store):
+    run = make_run(store)
+    store.mark_submitted(run.id, run.uuid)
+    assert store.start_run(run.id, attempt=1)
+    store.record_step(run.id, report(1), attempt=1)
+    store.add_checkpoint(run.id, 1, "/ckpt/checkpoint-1", attempt=1)
+    assert store.finish_run(run.id, RunStatus.FAILED, error="no heartbeat", attempt=1)
+    store.resume_run(run.id, 1)
+    # A Ray job of attempt 1 that starts late leaves attempt 2 alone.
+    assert not store.start_run(run.id, attempt=1)
+    assert store.start_run(run.id, attempt=2)
+    before = store.export_run(run.id)
+
+    # Attempt 1's worker was only frozen; it wakes up and writes.
+    for name, write in attempt_writes(store, run.id, attempt=1, step=2).items():
+        with pytest.raises(
+            StaleAttemptError,
+            match="attempt 1 may no longer write: the run was resumed as attempt 2",
+        ):
+            write()
+        assert store.export_run(run.id) == before, f"{name} of attempt 1 changed the run"
+
+    writes = attempt_writes(store, run.id, attempt=2, step=2)
+    for name in ("record_step", "heartbeat", "add_checkpoint", "add_event"):
+        writes[name]()
+    assert writes["beat"]() is RunStatus.RUNNING
+    assert writes["finish_run"]()
+    done = store.get_run(run.id)
+    assert (done.status, done.attempt, done.step) == (RunStatus.SUCCEEDED, 2, 2)
+    assert [p.step for p in store.metric_series(run.id, "train/reward/mean")] == [1, 2]
+    assert [c.step for c in store.checkpoints(run.id)] == [1, 2]
+    assert [e.message for e in store.events(run.id)][-2:] == ["late", "late success"]
+
+
+def test_an_attempt_ended_without_its_worker_can_write_nothing_more(store):
+    """The scheduler failed the run for its silent heartbeat while the worker (a foreground
+    `eslab train` it cannot stop) was only paused: the worker's writes are refused, and its
+    late outcome does not replace the first."""
+    run = make_run(store, status=RunStatus.RUNNING)
+    store.record_step(run.id, report(1), attempt=1)
+    assert store.finish_run(run.id, RunStatus.FAILED, error="no heartbeat", attempt=1)
+    before = store.export_run(run.id)
+    writes = attempt_writes(store, run.id, attempt=1, step=2)
+    for name in ("record_step", "heartbeat", "beat", "add_checkpoint", "add_event"):
+        with pytest.raises(
+            StaleAttemptError, match="attempt 1 may no longer write: the run is failed"
+        ):
+            writes[name]()
+    assert not writes["finish_run"]()  # the first outcome stands
+    assert store.export_run(run.id) == before
 
 
 def test_only_failed_or_cancelled_runs_resume(store):

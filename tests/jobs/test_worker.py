@@ -21,7 +21,7 @@ from tests.jobs.helpers import STANDIN, queue_run, wait_for
 STEP_SECONDS = "0.15"
 
 
-def start_worker(sqlite_url, run_id, train="train", **env):
+def start_worker(sqlite_url, run_id, train="train", attempt=None, **env):
     environ = {
         **os.environ,
         "ESLAB_DATABASE_URL": sqlite_url,
@@ -30,8 +30,9 @@ def start_worker(sqlite_url, run_id, train="train", **env):
         "ESLAB_STANDIN_STEP_S": STEP_SECONDS,
         **env,
     }
+    command = [sys.executable, "-m", "jobs.worker", str(run_id), "--train", f"{STANDIN}:{train}"]
     return subprocess.Popen(
-        [sys.executable, "-m", "jobs.worker", str(run_id), "--train", f"{STANDIN}:{train}"],
+        command + (["--attempt", attempt] if attempt else []),
         env=environ,
         cwd="/",
         stdout=subprocess.PIPE,
@@ -198,7 +199,7 @@ def test_a_second_signal_abandons_the_step_at_once(sqlite_store, sqlite_url, tmp
 def test_the_first_outcome_recorded_stands(sqlite_store, tmp_path):
     run = queue_run(sqlite_store, tmp_path / "out")
     assert sqlite_store.start_run(run.id)
-    outcome = RunOutcome(sqlite_store, run.id)
+    outcome = RunOutcome(sqlite_store, run.id, run.attempt)
     outcome.succeeded(tmp_path / "out")
     outcome.cancelled("too late")
     assert sqlite_store.get_run(run.id).status is RunStatus.SUCCEEDED
@@ -211,6 +212,45 @@ def test_a_cancel_as_the_last_step_ended_ends_the_run_cancelled(sqlite_store, tm
     run = queue_run(sqlite_store, tmp_path / "out")
     assert sqlite_store.start_run(run.id)
     sqlite_store.request_cancel(run.id)
-    RunOutcome(sqlite_store, run.id).succeeded(tmp_path / "out")
+    RunOutcome(sqlite_store, run.id, run.attempt).succeeded(tmp_path / "out")
     assert sqlite_store.get_run(run.id).status is RunStatus.CANCELLED
     assert sqlite_store.events(run.id)[-1].message.startswith("the cancel came as the last step")
+
+
+def test_a_worker_whose_run_was_resumed_stops_and_writes_nothing(
+    sqlite_store, sqlite_url, tmp_path
+):
+    """A worker given up for dead (the scheduler failed the run) but only frozen, whose run
+    was then resumed: the heartbeat of attempt 1 is refused and the worker exits at once,
+    leaving attempt 2 as the resume made it."""
+    run = queue_run(sqlite_store, tmp_path / "out", max_steps=40, save_steps=2)
+    worker = start_worker(sqlite_url, run.id, ESLAB_STANDIN_STEP_S="2")
+    wait_for(lambda: step_of(sqlite_store, run.id) >= 1, 20, "step 1")
+    assert sqlite_store.finish_run(run.id, RunStatus.FAILED, error="no heartbeat", attempt=1)
+    resumed = sqlite_store.resume_run(run.id, 0)
+    code, out = finish(worker, timeout=15)  # far less than the rest of its step
+    assert code == 1
+    assert f"run {run.id}: attempt 1 may no longer write: the run was resumed as attempt 2" in out
+    assert "this worker stops now and records nothing" in out
+    assert sqlite_store.get_run(run.id) == resumed
+    assert sqlite_store.metric_series(run.id, "train/reward/mean") == []
+    assert not (tmp_path / "out" / "checkpoint-2").exists()  # it stopped within step 2
+
+
+def test_a_late_job_of_an_earlier_attempt_leaves_the_run_alone(sqlite_store, sqlite_url, tmp_path):
+    run = queue_run(sqlite_store, tmp_path / "out")
+    sqlite_store.request_cancel(run.id)  # while its Ray job was pending
+    sqlite_store.resume_run(run.id, 0)
+    code, out = finish(start_worker(sqlite_url, run.id, attempt="1"))
+    assert code == 0 and "nothing to do" in out
+    assert sqlite_store.get_run(run.id).status is RunStatus.QUEUED
+    code, out = finish(start_worker(sqlite_url, run.id, attempt="2"))
+    assert code == 0, out
+    assert sqlite_store.get_run(run.id).status is RunStatus.SUCCEEDED
+
+
+@pytest.mark.parametrize("attempt", ["0", "-1", "1.5", "two"])
+def test_an_attempt_that_is_not_a_whole_number_from_1_is_refused(sqlite_store, sqlite_url, attempt):
+    code, out = finish(start_worker(sqlite_url, 1, attempt=attempt))
+    assert code == 2
+    assert f"argument --attempt: must be a whole number from 1, got '{attempt}'" in out

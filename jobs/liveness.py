@@ -1,0 +1,45 @@
+"""When a live run's worker counts as gone: its last sign of life (the heartbeat, else the
+start) is older than the heartbeat timeout (ESLAB_HEARTBEAT_TIMEOUT_S, the scheduler's
+setting). One rule for the scheduler, which ends such a run, and for the dashboard and
+`eslab runs`, which mark it stale while no scheduler runs to end it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from jobs.store.records import RunRecord
+from jobs.store.status import LIVE
+
+
+def silent_seconds(run: RunRecord, now: datetime | None = None) -> float | None:
+    """Seconds since the run's worker last showed life; None unless the run is live."""
+    last = run.heartbeat_at or run.started_at
+    if run.status not in LIVE or last is None:
+        return None
+    return ((now or datetime.now(UTC)) - last).total_seconds()
+
+
+def stale_for(run: RunRecord, timeout: float, now: datetime | None = None) -> str | None:
+    """How long the live run's worker has been silent, in words, once that is past the
+    timeout; None otherwise. Without `eslab serve`, nothing ends a run whose worker was
+    killed: this is how the dashboard and `eslab runs` tell it."""
+    silent = silent_seconds(run, now)
+    return None if silent is None or silent <= timeout else _minutes(silent)
+
+
+def status_label(run: RunRecord, timeout: float, now: datetime | None = None) -> str:
+    """The run's status, marked stale once its worker is silent past the timeout."""
+    stale = stale_for(run, timeout, now)
+    return (
+        run.status.value
+        if stale is None
+        else f"{run.status.value} (stale: no heartbeat for {stale})"
+    )
+
+
+def _minutes(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.0f} h"
