@@ -17,6 +17,8 @@ from engine.sink import MemorySink
 from engine.trainer import list_checkpoints, train
 
 DIM = 4
+TOY_X = 87  # the toy engine's one token: "x"
+TOY_EOS = 2
 
 
 @dataclass
@@ -24,6 +26,7 @@ class ToyCompletion:
     text: str
     num_tokens: int
     finished: bool
+    token_ids: tuple[int, ...] = ()
 
 
 class ToyEngine:
@@ -48,7 +51,8 @@ class ToyEngine:
 
     def generate(self, prompts, *, n, temperature, max_tokens, seed):
         length = int(np.clip(round(20 + 100 * self.weights[0]), 0, max_tokens))
-        return [[ToyCompletion("x" * length, length, length < max_tokens)] * n for _ in prompts]
+        completion = ToyCompletion("x" * length, length, length < max_tokens, (TOY_X,) * length)
+        return [[completion] * n for _ in prompts]
 
     def completion_logprobs(self, prompts, completions):
         return [-len(c) * (1 + self.weights[1]) for c in completions]
@@ -260,3 +264,46 @@ def test_a_stop_during_a_step_checkpoints_the_last_finished_step(dataset, tmp_pa
         )
     assert [r.step for r in sink.steps] == [1]
     assert [s for s, _ in sink.checkpoints] == [1]
+
+
+class ScriptedLbesEngine(ToyEngine):
+    """Base samples per prompt: a stop token alone (empty text), and a text whose generated
+    ids are not the ones its text tokenizes to ("xx" generated as two "x" tokens, where a
+    tokenizer would give one "xx" token). Scores only token ids, as the vLLM engine refuses
+    a completion without tokens; records what it was asked to score."""
+
+    SAMPLES = (
+        ToyCompletion("", 1, True, (TOY_EOS,)),
+        ToyCompletion("xx", 3, True, (TOY_X, TOY_X, TOY_EOS)),
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scored: list[list] = []
+
+    def generate(self, prompts, *, n, temperature, max_tokens, seed):
+        return [[self.SAMPLES[j % 2] for j in range(n)] for _ in prompts]
+
+    def completion_logprobs(self, prompts, completions):
+        self.scored.append(list(completions))
+        if any(isinstance(c, str) or not c for c in completions):
+            raise ValueError("completions must be the generated token ids, and not empty")
+        return [-len(c) * (1 + self.weights[1]) for c in completions]
+
+
+def test_lbes_scores_the_generated_token_ids_stop_token_included(dataset, tmp_path):
+    config = make_config(
+        dataset, tmp_path, method="lbes", n=2, temperature=1.0, eval_strategy="no", max_steps=1
+    )
+    pool = ToyPool()
+    pool.engine = ScriptedLbesEngine()
+    sink = MemorySink()
+    train(config, sink, pool=pool)
+    (report,) = sink.steps
+    assert len(pool.engine.scored) == 8  # once per member
+    expected = [c.token_ids for _ in range(4) for c in ScriptedLbesEngine.SAMPLES]
+    assert all(scored == expected for scored in pool.engine.scored)
+    by_sample = {(s.prompt_index, s.sample_index): s.logprob for s in report.samples}
+    # Each member scores a sample -len(ids) * (1 + its perturbation); the mean over members:
+    assert by_sample[(0, 0)] == pytest.approx(-1.0, abs=0.1)  # the stop token alone, scored
+    assert by_sample[(0, 1)] == pytest.approx(3 * by_sample[(0, 0)])  # 3 generated ids, not 2
