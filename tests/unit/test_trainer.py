@@ -307,3 +307,65 @@ def test_lbes_scores_the_generated_token_ids_stop_token_included(dataset, tmp_pa
     # Each member scores a sample -len(ids) * (1 + its perturbation); the mean over members:
     assert by_sample[(0, 0)] == pytest.approx(-1.0, abs=0.1)  # the stop token alone, scored
     assert by_sample[(0, 1)] == pytest.approx(3 * by_sample[(0, 0)])  # 3 generated ids, not 2
+
+
+class HalfFlatEngine(ToyEngine):
+    """Base samples that differ in length, except for the prompts named in FLAT, whose
+    samples are all alike: a batch of flat prompts is skipped by exclude_same_rewards_samples."""
+
+    FLAT = ("question 0", "question 1")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches = 0
+
+    def generate(self, prompts, *, n, temperature, max_tokens, seed):
+        self.batches += 1
+
+        def sample(prompt, j: int) -> ToyCompletion:
+            length = 5 if prompt[-1]["content"] in self.FLAT else 5 + j
+            return ToyCompletion("x" * length, length, True, (TOY_X,) * length)
+
+        return [[sample(p, j) for j in range(n)] for p in prompts]
+
+
+def test_lbes_skipped_steps_use_up_their_batch_and_no_batch_is_drawn_past_the_epochs(
+    dataset, tmp_path
+):
+    """As nlp-waseda/lbes: the loop goes over num_train_epochs of batches; a skipped batch does
+    not advance the global step (nor the schedules), and no batch is drawn past the epochs."""
+    from engine.progress import ProgressSink
+    from engine.trainer import plan_total_steps
+    from engine.trainer.loop import current_schedules
+
+    config = make_config(
+        dataset,
+        tmp_path,
+        method="lbes",
+        n=2,
+        temperature=1.0,
+        exclude_same_rewards_samples=True,
+        eval_strategy="no",
+        max_steps=None,
+        num_train_epochs=2,
+        data_batch_size=1,
+        lr_scheduler_type="linear",
+        lr_final=0.0,
+    )
+    pool = ToyPool()
+    pool.engine = HalfFlatEngine()
+    sink = MemorySink()
+    bar = ProgressSink(sink, plan_total_steps(config))
+    train(config, bar, pool=pool)
+    bar.close()
+    total = plan_total_steps(config)
+    assert total == 8 * 2  # 8 prompts, one a batch, two epochs
+    assert pool.engine.batches == total  # never a batch past the second epoch
+    skipped = [m for level, m in sink.events if level == "warning" and "skipped:" in m]
+    assert len(skipped) == 2 * 2  # the two flat prompts, once an epoch
+    steps = [r.step for r in sink.steps]
+    assert steps == list(range(1, total - len(skipped) + 1))
+    assert bar.bar.total == total and bar.bar.n == steps[-1]  # as the dashboard: step / total
+    for report in sink.steps:  # the schedules advanced with the global step only
+        _, learning_rate = current_schedules(config, report.step - 1, total)
+        assert report.metrics[mk.LEARNING_RATE] == pytest.approx(learning_rate)
