@@ -26,7 +26,7 @@ from engine.trainer.checkpoints import Checkpoints, TrainerState
 from engine.trainer.es_step import es_step
 from engine.trainer.evaluation import evaluate
 from engine.trainer.lbes_step import lbes_step
-from engine.trainer.preflight import load_data, start_lora, start_pool
+from engine.trainer.preflight import TrainingData, load_data, start_lora, start_pool
 from engine.trainer.reporting import logging_due, step_report
 
 
@@ -99,7 +99,7 @@ def train(
                 state = replace(state, epoch=position.epoch, batch=position.batch)
                 skipped += 1
                 _warn_skipped(sink, state.global_step + 1, skipped, data.batches.per_epoch)
-                sink.heartbeat(state.global_step)
+                _after_skip(config, pool, data, checkpoints, sink, state, epoch_ended, last)
                 continue
             skipped = 0
             state = TrainerState(
@@ -190,6 +190,37 @@ def _due(strategy: str, every: int | None, step: int, epoch_ended: bool, last: b
     if strategy == "steps":
         return step % (every or 1) == 0 or last
     return strategy == "epoch" and (epoch_ended or last)
+
+
+def _after_skip(
+    config: RunConfig,
+    pool: EnginePool,
+    data: TrainingData,
+    checkpoints: Checkpoints,
+    sink: Sink,
+    state: TrainerState,
+    epoch_ended: bool,
+    last: bool,
+) -> None:
+    """After a skipped batch: the heartbeat, and the eval and save of an epoch's end (the
+    reference's come after its loop over an epoch's batches, skipped or not) or of the run's
+    last batch, at the global step the skipped batch leaves unchanged. The "steps" strategy
+    asks only at the last batch, and only for a step that its step rule did not already ask
+    for; step 0 is never asked for again (eval_before_train evaluated it)."""
+    step = state.global_step
+    sink.heartbeat(step)
+
+    def due(strategy: str, every: int | None) -> bool:
+        if step == 0:
+            return False
+        if strategy == "steps":
+            return last and step % (every or 1) != 0
+        return strategy == "epoch" and (epoch_ended or last)
+
+    if due(config.eval.eval_strategy, config.eval.eval_steps):
+        sink.log_step(evaluate(config, pool, data.eval_set, step=step))
+    if due(config.eval.save_strategy, config.eval.save_steps):
+        checkpoints.save(state)
 
 
 def _warn_skipped(sink: Sink, step: int, in_a_row: int, per_epoch: int) -> None:

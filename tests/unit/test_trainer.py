@@ -310,20 +310,19 @@ def test_lbes_scores_the_generated_token_ids_stop_token_included(dataset, tmp_pa
 
 
 class HalfFlatEngine(ToyEngine):
-    """Base samples that differ in length, except for the prompts named in FLAT, whose
+    """Base samples that differ in length, except for the prompts named in `flat`, whose
     samples are all alike: a batch of flat prompts is skipped by exclude_same_rewards_samples."""
 
-    FLAT = ("question 0", "question 1")
-
-    def __init__(self) -> None:
+    def __init__(self, flat: tuple[str, ...] = ("question 0", "question 1")) -> None:
         super().__init__()
+        self.flat = flat
         self.batches = 0
 
     def generate(self, prompts, *, n, temperature, max_tokens, seed):
         self.batches += 1
 
         def sample(prompt, j: int) -> ToyCompletion:
-            length = 5 if prompt[-1]["content"] in self.FLAT else 5 + j
+            length = 5 if prompt[-1]["content"] in self.flat else 5 + j
             return ToyCompletion("x" * length, length, True, (TOY_X,) * length)
 
         return [[sample(p, j) for j in range(n)] for p in prompts]
@@ -369,3 +368,31 @@ def test_lbes_skipped_steps_use_up_their_batch_and_no_batch_is_drawn_past_the_ep
     for report in sink.steps:  # the schedules advanced with the global step only
         _, learning_rate = current_schedules(config, report.step - 1, total)
         assert report.metrics[mk.LEARNING_RATE] == pytest.approx(learning_rate)
+
+
+def test_an_epoch_whose_last_batch_is_skipped_still_evaluates_and_saves_at_its_end(
+    dataset, tmp_path
+):
+    """As nlp-waseda/lbes, whose epoch-end eval and save follow its loop over the batches."""
+    from engine.batches import Batches, Position
+
+    config = make_config(
+        dataset,
+        tmp_path,
+        method="lbes",
+        n=2,
+        temperature=1.0,
+        exclude_same_rewards_samples=True,
+        eval_strategy="epoch",
+        save_strategy="epoch",
+        max_steps=None,
+        num_train_epochs=2,
+        data_batch_size=1,
+    )
+    (last_of_first_epoch,) = Batches(8, 1, config.data.seed).indices(Position(0, 7))
+    pool = ToyPool()
+    pool.engine = HalfFlatEngine(flat=(f"question {last_of_first_epoch}",))
+    sink = MemorySink()
+    train(config, sink, pool=pool)
+    assert [s for s, _ in sink.series(mk.reward_key(mk.EVAL))] == [0, 7, 14]
+    assert [s for s, _ in sink.checkpoints] == [7, 14]
