@@ -60,7 +60,7 @@ def baseline_seconds(pool: EnginePool, args: argparse.Namespace, method: str) ->
         return time.perf_counter() - start, tokens
     outputs = pool.generate(batch, n=4, temperature=1.0, max_tokens=args.max_tokens, seed=1)
     tokens = sum(c.num_tokens for cs in outputs for c in cs)
-    kept = [(p, cs[j].text) for p, cs in zip(batch, outputs, strict=True) for j in (0, -1)]
+    kept = [(p, cs[j].token_ids) for p, cs in zip(batch, outputs, strict=True) for j in (0, -1)]
     for _ in range(args.population):
         pool.completion_logprobs([p for p, _ in kept], [c for _, c in kept])
     return time.perf_counter() - start, tokens

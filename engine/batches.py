@@ -37,6 +37,10 @@ class Batches:
         start = position.batch * self.batch_size
         return permutation[start : start + self.batch_size].tolist()
 
+    def drawn(self, position: Position) -> int:
+        """Batches drawn before `position`: the loop's count of steps, skipped ones included."""
+        return position.epoch * self.per_epoch + position.batch
+
     def advance(self, position: Position) -> tuple[Position, bool]:
         """The next position, and whether this step ended an epoch."""
         if position.batch + 1 < self.per_epoch:

@@ -20,7 +20,8 @@ reference's order:
 4. flat_top_k_rewards / flat_bottom_k_rewards: over all samples still kept (row-major order),
    keep the global top/bottom k (random tie-break as in 1); prompts left empty are dropped.
 
-If nothing survives, the step is skipped: the global step and the schedulers do not advance.
+If nothing survives, the step is skipped: its batch is used up, but the global step and the
+schedulers do not advance (engine/trainer/loop.py).
 
 Correlation per member i between r and its mean log-likelihoods l_i over the kept samples:
 Pearson over all kept samples (`flat_corrcoef`), or per prompt with within-prompt centering

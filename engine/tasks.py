@@ -54,19 +54,31 @@ class GenerateAndScore:
         return batch
 
     def score(self, outputs: list[list[Completion]]) -> ScoredBatch:
+        """Rewards of `outputs`; the batch keeps their generated token ids (LBES scores them)."""
         if self.sources is not None:
-            return self.sources.score(
+            batch = self.sources.score(
                 outputs, self.prompts, self.reward_func_args, self.description
             )
-        return score_batch(outputs, self.reward_func_args, self.reward_func_path, self.description)
+        else:
+            batch = score_batch(
+                outputs, self.reward_func_args, self.reward_func_path, self.description
+            )
+        batch.token_ids = [[tuple(c.token_ids) for c in cs] for cs in outputs]
+        return batch
 
 
 @dataclass(frozen=True)
 class CompletionLogprobs:
-    """Mean log-likelihood of fixed completions under the engine's current weights (LBES)."""
+    """Mean log-likelihood of fixed completions under the engine's current weights (LBES).
+
+    Completions are the token ids the base model generated, stop token included, as
+    nlp-waseda/lbes `src/llm_actor.py` (`calc_mean_logprobs`) scores them: decoding them to
+    text and tokenizing again may split the text differently, and an answer of the stop token
+    alone decodes to no text at all.
+    """
 
     prompts: list[list[dict[str, str]]]
-    completions: list[str]
+    completions: list[tuple[int, ...]]
 
     def __call__(self, engine: PerturbationEngine) -> np.ndarray:
         return np.asarray(engine.completion_logprobs(self.prompts, self.completions))

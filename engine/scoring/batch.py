@@ -27,6 +27,9 @@ class ScoredBatch:
     num_tokens: np.ndarray
     clipped: np.ndarray
     timings: dict[str, float] = field(default_factory=dict)
+    token_ids: list[list[tuple[int, ...]]] = field(default_factory=list)
+    """The generated token ids [prompts][n] (stop token included), set by the task that
+    generated the batch (engine.tasks.GenerateAndScore.score)."""
 
     @property
     def fitness(self) -> float:

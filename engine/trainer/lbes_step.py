@@ -50,7 +50,7 @@ def lbes_step(
     rows = np.argwhere(kept.kept)  # [K, 2]: (prompt, sample) of every kept sample
     task = CompletionLogprobs(
         prompts=[examples[b].prompt for b, _ in rows],
-        completions=[base.texts[b][j] for b, j in rows],
+        completions=[base.token_ids[b][j] for b, j in rows],
     )
     logprob_start = time.perf_counter()
     per_member = pool.evaluate([(m.seed, m.sign * noise_std) for m in members], task, stop=stop)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from engine.alignment.aligner import Aligner
@@ -25,7 +26,7 @@ from engine.trainer.checkpoints import Checkpoints, TrainerState
 from engine.trainer.es_step import es_step
 from engine.trainer.evaluation import evaluate
 from engine.trainer.lbes_step import lbes_step
-from engine.trainer.preflight import load_data, start_lora, start_pool
+from engine.trainer.preflight import TrainingData, load_data, start_lora, start_pool
 from engine.trainer.reporting import logging_due, step_report
 
 
@@ -62,11 +63,15 @@ def train(
             sink.log_step(evaluate(config, pool, data.eval_set, step=0))
 
         # -- the loop
+        # Each pass draws one batch, as nlp-waseda/lbes's loop over epochs and batches: the run
+        # ends after total_steps batches (num_train_epochs of them, or max_steps), whether or
+        # not LBES skipped some of them.
         skipped = 0
-        while state.global_step < data.total_steps:
+        while data.batches.drawn(state.position) < data.total_steps:
             started = time.perf_counter()
             examples = data.examples(state.position)
             position, epoch_ended = data.batches.advance(state.position)
+            last = data.batches.drawn(position) == data.total_steps
             noise_std, learning_rate = current_schedules(
                 config, state.global_step, data.total_steps
             )
@@ -89,10 +94,12 @@ def train(
                     f"checkpoint of step {state.global_step} saved"
                 ) from None
             if report is None:
-                # LBES found nothing informative: the step and the schedules do not advance.
-                state = TrainerState(state.global_step, position.epoch, position.batch)
+                # LBES found nothing informative: the batch is used up, but the global step and
+                # the schedules do not advance (nlp-waseda/lbes `lbes_trainer.py`).
+                state = replace(state, epoch=position.epoch, batch=position.batch)
                 skipped += 1
                 _warn_skipped(sink, state.global_step + 1, skipped, data.batches.per_epoch)
+                _after_skip(config, pool, data, checkpoints, sink, state, epoch_ended, last)
                 continue
             skipped = 0
             state = TrainerState(
@@ -109,7 +116,7 @@ def train(
                     config.eval.eval_steps,
                     step,
                     epoch_ended,
-                    data.total_steps,
+                    last,
                 )
                 else None
             )
@@ -121,18 +128,18 @@ def train(
                 evaluation=evaluation,
                 started=started,
             )
-            if logging_due(config, step, data.total_steps):
+            if logging_due(config, step, data.total_steps) or last:
                 sink.log_step(report)
             if _due(
                 config.eval.save_strategy,
                 config.eval.save_steps,
                 step,
                 epoch_ended,
-                data.total_steps,
+                last,
             ):
                 checkpoints.save(state)
             sink.heartbeat(step)
-            if should_stop is not None and step < data.total_steps and should_stop():
+            if should_stop is not None and not last and should_stop():
                 checkpoints.save_for_resume(state)
                 raise TrainingStopped(f"stopped after step {step}, checkpoint saved")
 
@@ -177,11 +184,43 @@ def _step_function(
     return lbes_step
 
 
-def _due(strategy: str, every: int | None, step: int, epoch_ended: bool, total: int) -> bool:
-    """Whether an eval or save strategy ("no", "steps" or "epoch") asks for `step`."""
+def _due(strategy: str, every: int | None, step: int, epoch_ended: bool, last: bool) -> bool:
+    """Whether an eval or save strategy ("no", "steps" or "epoch") asks for `step`; `last`:
+    the run's last batch."""
     if strategy == "steps":
-        return step % (every or 1) == 0 or step == total
-    return strategy == "epoch" and (epoch_ended or step == total)
+        return step % (every or 1) == 0 or last
+    return strategy == "epoch" and (epoch_ended or last)
+
+
+def _after_skip(
+    config: RunConfig,
+    pool: EnginePool,
+    data: TrainingData,
+    checkpoints: Checkpoints,
+    sink: Sink,
+    state: TrainerState,
+    epoch_ended: bool,
+    last: bool,
+) -> None:
+    """After a skipped batch: the heartbeat, and the eval and save of an epoch's end (the
+    reference's come after its loop over an epoch's batches, skipped or not) or of the run's
+    last batch, at the global step the skipped batch leaves unchanged. The "steps" strategy
+    asks only at the last batch, and only for a step that its step rule did not already ask
+    for; step 0 is never asked for again (eval_before_train evaluated it)."""
+    step = state.global_step
+    sink.heartbeat(step)
+
+    def due(strategy: str, every: int | None) -> bool:
+        if step == 0:
+            return False
+        if strategy == "steps":
+            return last and step % (every or 1) != 0
+        return strategy == "epoch" and (epoch_ended or last)
+
+    if due(config.eval.eval_strategy, config.eval.eval_steps):
+        sink.log_step(evaluate(config, pool, data.eval_set, step=step))
+    if due(config.eval.save_strategy, config.eval.save_steps):
+        checkpoints.save(state)
 
 
 def _warn_skipped(sink: Sink, step: int, in_a_row: int, per_epoch: int) -> None:

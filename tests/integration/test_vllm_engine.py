@@ -301,3 +301,80 @@ def test_two_engines_agree_with_one_and_a_mismatch_is_caught(
 def test_saved_config_is_the_source_config(updated_model, default_model_dir):
     saved = json.loads((updated_model.hf / "config.json").read_text())
     assert saved == json.loads((default_model_dir / "config.json").read_text())
+
+
+# ---- LBES: the base samples' generated token ids ---------------------------------------------
+
+
+def non_canonical_ids(tokenizer, text: str) -> list[int]:
+    """Token ids of `text` with its first splittable token written as two tokens: ids a model
+    may generate, which decode to `text` but which `text` never tokenizes back to."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    vocab = tokenizer.get_vocab()
+    for i, token in enumerate(tokenizer.convert_ids_to_tokens(ids)):
+        for cut in range(1, len(token)):
+            if token[:cut] in vocab and token[cut:] in vocab:
+                return [*ids[:i], vocab[token[:cut]], vocab[token[cut:]], *ids[i + 1 :]]
+    raise AssertionError(f"no token of {text!r} splits into two tokens")
+
+
+class ScriptedBasePool:
+    """The real pool, whose base generation returns fixed completions: the likelihood pass
+    (every member's log-likelihoods) runs on the real engine."""
+
+    def __init__(self, pool, completions) -> None:
+        self.pool, self.completions = pool, completions
+
+    def __getattr__(self, name):
+        return getattr(self.pool, name)
+
+    def generate(self, prompts, n=1, **sampling):
+        return [list(self.completions) for _ in prompts]
+
+
+def test_lbes_scores_generated_token_ids_like_transformers(pool, vllm_engine, tmp_path):
+    from engine.backends.base import Completion
+    from engine.config import RunConfig
+    from engine.data.datasets import Example, write_dataset
+    from engine.paths import default_model_dir
+    from engine.trainer.lbes_step import lbes_step
+
+    tokenizer = vllm_engine.tokenizer
+    text = " The capital of France is Paris."
+    ids = [*non_canonical_ids(tokenizer, text), tokenizer.eos_token_id]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text
+    assert tokenizer(text, add_special_tokens=False)["input_ids"] != ids[:-1]
+    samples = [
+        Completion(text, len(ids), True, tuple(ids)),
+        Completion("", 1, True, (tokenizer.eos_token_id,)),  # the stop token alone
+    ]
+    examples = [Example(prompt=PROMPTS[0], reward_func_args={"target": "Paris"})]
+    config = RunConfig.from_flat(
+        {
+            "method": "lbes",
+            "train_file": str(write_dataset(examples, tmp_path / "train.parquet")),
+            "output_dir": str(tmp_path / "out"),
+            "reward_func_path": "engine.rewards.conciseness.compute_score",
+            "population_size": 2,
+            "data_batch_size": 1,
+            "n": 2,
+            "temperature": 1.0,
+        }
+    )
+    # A noise_std of 1e-6 leaves the bf16 weights (nearly) as they are: each sample's reported
+    # mean log-likelihood is the base model's, which transformers computes from the same ids.
+    report = lbes_step(config, ScriptedBasePool(pool, samples), examples, 0, 1e-6, 0.0)
+    ours = [s.logprob for s in sorted(report.samples, key=lambda s: s.sample_index)]
+    model, _ = load_hf(default_model_dir())
+    prompt_ids = vllm_engine.prompt_token_ids(PROMPTS[0])
+    theirs = hf_mean_logprobs(model, [(prompt_ids, list(c.token_ids)) for c in samples])
+    (retokenized,) = hf_mean_logprobs(
+        model, [(prompt_ids, [*tokenizer(text, add_special_tokens=False)["input_ids"], ids[-1]])]
+    )
+    print(f"LBES mean log-probs {ours}, transformers {theirs}, text re-tokenized {retokenized}")
+    assert all(s.kept for s in report.samples)
+    assert abs(retokenized - theirs[0]) > 2 * LOGPROB_TOLERANCE  # the test tells them apart
+    for a, b in zip(ours, theirs, strict=True):
+        # The stop token alone is one unlikely token (about -20 nats), not a mean of many:
+        # bf16 logits put its error near 1% of its size (0.2 nats measured).
+        assert abs(a - b) < LOGPROB_TOLERANCE + 0.02 * abs(b)

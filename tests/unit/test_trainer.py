@@ -17,6 +17,8 @@ from engine.sink import MemorySink
 from engine.trainer import list_checkpoints, train
 
 DIM = 4
+TOY_X = 87  # the toy engine's one token: "x"
+TOY_EOS = 2
 
 
 @dataclass
@@ -24,6 +26,7 @@ class ToyCompletion:
     text: str
     num_tokens: int
     finished: bool
+    token_ids: tuple[int, ...] = ()
 
 
 class ToyEngine:
@@ -48,7 +51,8 @@ class ToyEngine:
 
     def generate(self, prompts, *, n, temperature, max_tokens, seed):
         length = int(np.clip(round(20 + 100 * self.weights[0]), 0, max_tokens))
-        return [[ToyCompletion("x" * length, length, length < max_tokens)] * n for _ in prompts]
+        completion = ToyCompletion("x" * length, length, length < max_tokens, (TOY_X,) * length)
+        return [[completion] * n for _ in prompts]
 
     def completion_logprobs(self, prompts, completions):
         return [-len(c) * (1 + self.weights[1]) for c in completions]
@@ -260,3 +264,135 @@ def test_a_stop_during_a_step_checkpoints_the_last_finished_step(dataset, tmp_pa
         )
     assert [r.step for r in sink.steps] == [1]
     assert [s for s, _ in sink.checkpoints] == [1]
+
+
+class ScriptedLbesEngine(ToyEngine):
+    """Base samples per prompt: a stop token alone (empty text), and a text whose generated
+    ids are not the ones its text tokenizes to ("xx" generated as two "x" tokens, where a
+    tokenizer would give one "xx" token). Scores only token ids, as the vLLM engine refuses
+    a completion without tokens; records what it was asked to score."""
+
+    SAMPLES = (
+        ToyCompletion("", 1, True, (TOY_EOS,)),
+        ToyCompletion("xx", 3, True, (TOY_X, TOY_X, TOY_EOS)),
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scored: list[list] = []
+
+    def generate(self, prompts, *, n, temperature, max_tokens, seed):
+        return [[self.SAMPLES[j % 2] for j in range(n)] for _ in prompts]
+
+    def completion_logprobs(self, prompts, completions):
+        self.scored.append(list(completions))
+        if any(isinstance(c, str) or not c for c in completions):
+            raise ValueError("completions must be the generated token ids, and not empty")
+        return [-len(c) * (1 + self.weights[1]) for c in completions]
+
+
+def test_lbes_scores_the_generated_token_ids_stop_token_included(dataset, tmp_path):
+    config = make_config(
+        dataset, tmp_path, method="lbes", n=2, temperature=1.0, eval_strategy="no", max_steps=1
+    )
+    pool = ToyPool()
+    pool.engine = ScriptedLbesEngine()
+    sink = MemorySink()
+    train(config, sink, pool=pool)
+    (report,) = sink.steps
+    assert len(pool.engine.scored) == 8  # once per member
+    expected = [c.token_ids for _ in range(4) for c in ScriptedLbesEngine.SAMPLES]
+    assert all(scored == expected for scored in pool.engine.scored)
+    by_sample = {(s.prompt_index, s.sample_index): s.logprob for s in report.samples}
+    # Each member scores a sample -len(ids) * (1 + its perturbation); the mean over members:
+    assert by_sample[(0, 0)] == pytest.approx(-1.0, abs=0.1)  # the stop token alone, scored
+    assert by_sample[(0, 1)] == pytest.approx(3 * by_sample[(0, 0)])  # 3 generated ids, not 2
+
+
+class HalfFlatEngine(ToyEngine):
+    """Base samples that differ in length, except for the prompts named in `flat`, whose
+    samples are all alike: a batch of flat prompts is skipped by exclude_same_rewards_samples."""
+
+    def __init__(self, flat: tuple[str, ...] = ("question 0", "question 1")) -> None:
+        super().__init__()
+        self.flat = flat
+        self.batches = 0
+
+    def generate(self, prompts, *, n, temperature, max_tokens, seed):
+        self.batches += 1
+
+        def sample(prompt, j: int) -> ToyCompletion:
+            length = 5 if prompt[-1]["content"] in self.flat else 5 + j
+            return ToyCompletion("x" * length, length, True, (TOY_X,) * length)
+
+        return [[sample(p, j) for j in range(n)] for p in prompts]
+
+
+def test_lbes_skipped_steps_use_up_their_batch_and_no_batch_is_drawn_past_the_epochs(
+    dataset, tmp_path
+):
+    """As nlp-waseda/lbes: the loop goes over num_train_epochs of batches; a skipped batch does
+    not advance the global step (nor the schedules), and no batch is drawn past the epochs."""
+    from engine.progress import ProgressSink
+    from engine.trainer import plan_total_steps
+    from engine.trainer.loop import current_schedules
+
+    config = make_config(
+        dataset,
+        tmp_path,
+        method="lbes",
+        n=2,
+        temperature=1.0,
+        exclude_same_rewards_samples=True,
+        eval_strategy="no",
+        max_steps=None,
+        num_train_epochs=2,
+        data_batch_size=1,
+        lr_scheduler_type="linear",
+        lr_final=0.0,
+    )
+    pool = ToyPool()
+    pool.engine = HalfFlatEngine()
+    sink = MemorySink()
+    bar = ProgressSink(sink, plan_total_steps(config))
+    train(config, bar, pool=pool)
+    bar.close()
+    total = plan_total_steps(config)
+    assert total == 8 * 2  # 8 prompts, one a batch, two epochs
+    assert pool.engine.batches == total  # never a batch past the second epoch
+    skipped = [m for level, m in sink.events if level == "warning" and "skipped:" in m]
+    assert len(skipped) == 2 * 2  # the two flat prompts, once an epoch
+    steps = [r.step for r in sink.steps]
+    assert steps == list(range(1, total - len(skipped) + 1))
+    assert bar.bar.total == total and bar.bar.n == steps[-1]  # as the dashboard: step / total
+    for report in sink.steps:  # the schedules advanced with the global step only
+        _, learning_rate = current_schedules(config, report.step - 1, total)
+        assert report.metrics[mk.LEARNING_RATE] == pytest.approx(learning_rate)
+
+
+def test_an_epoch_whose_last_batch_is_skipped_still_evaluates_and_saves_at_its_end(
+    dataset, tmp_path
+):
+    """As nlp-waseda/lbes, whose epoch-end eval and save follow its loop over the batches."""
+    from engine.batches import Batches, Position
+
+    config = make_config(
+        dataset,
+        tmp_path,
+        method="lbes",
+        n=2,
+        temperature=1.0,
+        exclude_same_rewards_samples=True,
+        eval_strategy="epoch",
+        save_strategy="epoch",
+        max_steps=None,
+        num_train_epochs=2,
+        data_batch_size=1,
+    )
+    (last_of_first_epoch,) = Batches(8, 1, config.data.seed).indices(Position(0, 7))
+    pool = ToyPool()
+    pool.engine = HalfFlatEngine(flat=(f"question {last_of_first_epoch}",))
+    sink = MemorySink()
+    train(config, sink, pool=pool)
+    assert [s for s, _ in sink.series(mk.reward_key(mk.EVAL))] == [0, 7, 14]
+    assert [s for s, _ in sink.checkpoints] == [7, 14]
