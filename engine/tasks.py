@@ -15,6 +15,7 @@ import numpy as np
 
 from engine.backends.base import Completion, PerturbationEngine
 from engine.backends.pool import EnginePool
+from engine.prompts import Prompt
 from engine.scoring.batch import ScoredBatch, score_batch
 from engine.scoring.sources import RewardSources
 
@@ -31,7 +32,7 @@ class SamplingSpec:
 class GenerateAndScore:
     """Generate for every prompt and score each completion (on the completion only)."""
 
-    prompts: list[list[dict[str, str]]]
+    prompts: list[Prompt]
     reward_func_args: list[dict[str, Any]]
     reward_func_path: str | None
     sampling: SamplingSpec
@@ -65,7 +66,7 @@ class GenerateAndScore:
 class CompletionLogprobs:
     """Mean log-likelihood of fixed completions under the engine's current weights (LBES)."""
 
-    prompts: list[list[dict[str, str]]]
+    prompts: list[Prompt]
     completions: list[str]
 
     def __call__(self, engine: PerturbationEngine) -> np.ndarray:
