@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -138,15 +138,23 @@ def write_dataset(examples: Iterable[Example | Mapping[str, Any]], path: str | P
             ),
         }
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Write beside the target and rename, so a reader never sees half a file.
+    write_atomically(path, lambda partial: pq.write_table(table, partial))
+    return path
+
+
+def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
+    """`write(partial)` writes the file beside `path`, which is then renamed to `path` (parent
+    folders created), so a reader never sees half a file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DatasetError(f"{path.parent}: cannot create the folder ({exc})") from exc
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
-        pq.write_table(table, partial)
+        write(partial)
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
-    return path
 
 
 def parse_prompt(value: Any, where: str) -> Messages:
