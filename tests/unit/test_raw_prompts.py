@@ -3,16 +3,20 @@ which kind a run expects, and how a raw prompt reaches the engine, the samples a
 
 from __future__ import annotations
 
+import json
 import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from engine.backends.base import Completion
 from engine.config import ConfigError, RunConfig
 from engine.data import DatasetError, Example, load_dataset, write_dataset
 from engine.prompts import render_prompt, user_text
+from engine.scoring.sources import RewardSources
 from engine.trainer.preflight import load_data
+from tests.integration.scorers import stub_scorer
 from tests.outputs import allow_temporary_outputs  # noqa: F401 (an autouse fixture)
 
 # ES at Scale's countdown prompt (VsonicV/es-at-scale, countdown data, item 0) and the
@@ -124,3 +128,28 @@ def test_the_scorer_reads_the_user_text_of_a_conversation_prompt():
     assert user_text(CONVERSATION) == "How do I bake bread?"
     assert user_text(COUNTDOWN) == COUNTDOWN
     assert user_text([{"role": "system", "content": "s"}, *CHAT]) == "Solve: 1 + 1 ="
+
+
+def test_a_scorer_gets_the_user_text_of_raw_prompts():
+    seen = []
+
+    def answer(body: dict) -> tuple[int, bytes]:
+        seen.append(body)
+        n = len(body["prompts"])
+        return 200, json.dumps({"rewards": [1.0] * n, "costs": [0.0] * n}).encode()
+
+    outputs = [[Completion(" Mix flour.", 3, True)], [Completion("x", 1, True)]]
+    with stub_scorer(answer) as url:
+        config = RunConfig.from_flat(
+            {
+                "train_file": "t.parquet",
+                "output_dir": "data/runs/o",
+                "prompt_format": "raw",
+                "reward_source": "scorer",
+                "scorer_url": url,
+            }
+        )
+        RewardSources.from_config(config).score(outputs, [CONVERSATION, COUNTDOWN], [{}, {}], "t")
+    assert seen == [
+        {"prompts": ["How do I bake bread?", COUNTDOWN], "responses": [" Mix flour.", "x"]}
+    ]
