@@ -14,7 +14,8 @@ count of numbers drawn 3 or 4, the numbers uniform in 1-99, the solution a rando
 over all of them (engine.data.countdown.random_expression, operators drawn uniformly), and
 the target its value; a puzzle is off the 1-100 grid with the reference's share (81 of 2200),
 within +-MAX_ABS_TARGET. No (sorted numbers, target) appears twice, and every solution is
-checked to score as correct under the reference's grader (engine.rewards.countdown_es_at_scale).
+checked to score as correct under the reference's grader (engine.rewards.countdown_es_at_scale);
+in the reference's file 19 puzzles have no solution and 15 list one over other numbers.
 The splits are the reference's: the first 200 puzzles train, the next 2000 test.
 
 Written to a folder: `countdown.json` in the reference's layout (train then test, so the
