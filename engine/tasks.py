@@ -15,6 +15,7 @@ import numpy as np
 
 from engine.backends.base import Completion, PerturbationEngine
 from engine.backends.pool import EnginePool
+from engine.prompts import Prompt
 from engine.scoring.batch import ScoredBatch, score_batch
 from engine.scoring.sources import RewardSources
 
@@ -31,7 +32,7 @@ class SamplingSpec:
 class GenerateAndScore:
     """Generate for every prompt and score each completion (on the completion only)."""
 
-    prompts: list[list[dict[str, str]]]
+    prompts: list[Prompt]
     reward_func_args: list[dict[str, Any]]
     reward_func_path: str | None
     sampling: SamplingSpec
@@ -77,7 +78,7 @@ class CompletionLogprobs:
     alone decodes to no text at all.
     """
 
-    prompts: list[list[dict[str, str]]]
+    prompts: list[Prompt]
     completions: list[tuple[int, ...]]
 
     def __call__(self, engine: PerturbationEngine) -> np.ndarray:

@@ -5,15 +5,30 @@ from __future__ import annotations
 
 import argparse
 
+COUNTDOWN_FORMATS = ("lbes", "es-at-scale")
+
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     data = commands.add_parser("data", help="generate or convert datasets")
     data_cmds = data.add_subparsers(dest="data_command", required=True, metavar="DATASET")
     countdown = data_cmds.add_parser("countdown", help="seeded, always-solvable countdown splits")
-    countdown.add_argument("--n-given-numbers", type=int, choices=(3, 4), required=True)
+    countdown.add_argument(
+        "--format",
+        choices=COUNTDOWN_FORMATS,
+        default="lbes",
+        help="lbes: nlp-waseda/lbes's chat prompts, 8192/1024 puzzles; es-at-scale: ES at "
+        "Scale's raw prompts ending in <think> (prompt_format: raw), 200/2000 puzzles of 3 or "
+        "4 numbers, also as its countdown.json",
+    )
+    countdown.add_argument(
+        "--n-given-numbers",
+        type=int,
+        choices=(3, 4),
+        help="numbers per puzzle (required for lbes; es-at-scale mixes 3 and 4 unless given)",
+    )
     countdown.add_argument("--out", required=True, help="folder for train/test.parquet")
-    countdown.add_argument("--n-train", type=int, default=8192)
-    countdown.add_argument("--n-test", type=int, default=1024)
+    countdown.add_argument("--n-train", type=int, help="lbes: 8192, es-at-scale: 200")
+    countdown.add_argument("--n-test", type=int, help="lbes: 1024, es-at-scale: 2000")
     countdown.add_argument("--seed", type=int, default=42)
     countdown.set_defaults(func=cmd_data_countdown)
     gsm8k = data_cmds.add_parser("gsm8k", help="convert a local GSM8K .jsonl file")
@@ -32,14 +47,36 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_data_countdown(args: argparse.Namespace) -> int:
-    from engine.data.countdown import generate_countdown
+    from engine.data import countdown, countdown_es_at_scale
+    from engine.data.datasets import DatasetError
 
-    print(
-        generate_countdown(
-            args.n_given_numbers, args.out, n_train=args.n_train, n_test=args.n_test, seed=args.seed
-        ).summary
-    )
+    if args.format == "es-at-scale":
+        result = countdown_es_at_scale.generate_countdown_es_at_scale(
+            args.out,
+            n_train=_given(args.n_train, countdown_es_at_scale.DEFAULT_N_TRAIN),
+            n_test=_given(args.n_test, countdown_es_at_scale.DEFAULT_N_TEST),
+            seed=args.seed,
+            n_given_numbers=args.n_given_numbers,
+        )
+    elif args.n_given_numbers is None:
+        raise DatasetError(
+            "eslab data countdown --format lbes needs --n-given-numbers 3 or 4 "
+            "(--format es-at-scale mixes them)"
+        )
+    else:
+        result = countdown.generate_countdown(
+            args.n_given_numbers,
+            args.out,
+            n_train=_given(args.n_train, countdown.DEFAULT_N_TRAIN),
+            n_test=_given(args.n_test, countdown.DEFAULT_N_TEST),
+            seed=args.seed,
+        )
+    print(result.summary)
     return 0
+
+
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def cmd_data_gsm8k(args: argparse.Namespace) -> int:

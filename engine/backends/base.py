@@ -10,8 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-Messages = list[dict[str, str]]
-"""One chat prompt: [{"role": "system" | "user" | "assistant", "content": ...}, ...]."""
+from engine.prompts import Prompt
 
 
 class EngineError(RuntimeError):
@@ -56,17 +55,18 @@ class PerturbationEngine(Protocol):
 
     def generate(
         self,
-        prompts: Sequence[Messages],
+        prompts: Sequence[Prompt],
         n: int = 1,
         temperature: float = 0.0,
         max_tokens: int = 256,
         seed: int | None = None,
     ) -> list[list[Completion]]:
-        """n completions per chat prompt (chat template applied, generation prompt added)."""
+        """n completions per prompt: chat messages through the chat template (generation
+        prompt added), raw text as it is."""
         ...
 
     def completion_logprobs(
-        self, prompts: Sequence[Messages], completions: Sequence[str | Sequence[int]]
+        self, prompts: Sequence[Prompt], completions: Sequence[str | Sequence[int]]
     ) -> list[float]:
         """Mean log-probability of each completion's tokens after its prompt."""
         ...

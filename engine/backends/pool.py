@@ -25,8 +25,8 @@ from engine.backends.base import (
     EngineError,
     EngineMismatchError,
     EvaluationStopped,
-    Messages,
     PerturbationEngine,
+    Prompt,
 )
 
 R = TypeVar("R")
@@ -187,7 +187,7 @@ class EnginePool:
 
     def generate(
         self,
-        prompts: Sequence[Messages],
+        prompts: Sequence[Prompt],
         n: int = 1,
         temperature: float = 0.0,
         max_tokens: int = 256,
@@ -223,7 +223,7 @@ class EnginePool:
         )
 
     def completion_logprobs(
-        self, prompts: Sequence[Messages], completions: Sequence[str | Sequence[int]]
+        self, prompts: Sequence[Prompt], completions: Sequence[str | Sequence[int]]
     ) -> list[float]:
         """Mean completion log-probabilities under the unperturbed model, split over engines."""
         if len(prompts) != len(completions):

@@ -72,7 +72,9 @@ def evaluate_best_of_n(
     if min(ns) < 1 or max(ns) > big_n:
         raise ModelError(f"every n must be in 1..samples ({big_n}), got {ns}")
     data_file = config.data.eval_file or config.data.train_file
-    examples: list[Example] = load_dataset(resolve_path(data_file))[:max_prompts]
+    examples: list[Example] = load_dataset(
+        resolve_path(data_file), expected_format=config.data.prompt_format
+    )[:max_prompts]
     prompts = [e.prompt for e in examples]
     args = [e.reward_func_args for e in examples]
     log(f"best-of-n: {len(examples)} prompts of {data_file}, {big_n} samples each")

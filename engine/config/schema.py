@@ -17,6 +17,7 @@ from engine.config.errors import ConfigError, FieldError
 from engine.config.fields import METHODS, FieldSpec, field_specs, option, option_groups
 from engine.config.yaml_io import read_yaml_file, write_yaml
 from engine.fitness import SHAPERS
+from engine.prompts import PROMPT_FORMATS
 from engine.schedules import SCHEDULES
 
 STRATEGIES = ("no", "steps", "epoch")
@@ -186,6 +187,14 @@ class DataConfig:
     )
     eval_file: str | None = option(
         None, "Parquet file of evaluation prompts; needed when eval_strategy is not 'no'."
+    )
+    prompt_format: str = option(
+        "chat",
+        "What the datasets' prompt column holds. chat: chat messages, rendered by the "
+        "model's chat template. raw: plain text, sent to the model exactly as written (the "
+        "references' own prompts, e.g. ES at Scale's countdown prompt ending in <think>). "
+        "A dataset of the other kind is refused.",
+        choices=PROMPT_FORMATS,
     )
     data_batch_size: int = option(
         64, "Prompts per step; every member generates for the whole batch.", min_value=1

@@ -145,7 +145,7 @@ def _new_puzzle(
     uniform = rng.random
     for _ in range(MAX_DRAWS):
         numbers = tuple([MIN_NUMBER + int(uniform() * span) for _ in range(n_numbers)])
-        expr = _random_expression(numbers, ops, uniform)
+        expr = random_expression(numbers, ops, uniform)
         if expr is None:
             continue
         numerator, denominator, text = expr
@@ -161,7 +161,7 @@ def _new_puzzle(
     )
 
 
-def _random_expression(
+def random_expression(
     numbers: tuple[int, ...], ops: list[str], uniform: Callable[[], float]
 ) -> _Expr | None:
     """Combine two random items with each operator in turn until one item is left; None when

@@ -2,7 +2,11 @@
 
 The format of nlp-waseda/lbes (its `src/data_preprocessing/` scripts write it):
 `prompt` holds chat messages ({role, content}, roles system/user/assistant) and
-`reward_func_args` the keyword arguments of the reward function for that prompt.
+`reward_func_args` the keyword arguments of the reward function for that prompt. A `prompt`
+column of strings holds raw text instead, sent to the model without a chat template
+(engine/prompts.py); a dataset is one kind or the other, and a run names the kind it expects
+(`prompt_format`), so a file of the wrong kind is refused rather than silently rendered
+another way.
 
 Storage decision. `write_dataset` stores `prompt` as list<struct<role, content>> and
 `reward_func_args` as a JSON object string: a parquet struct column takes the union of all
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -28,6 +32,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from engine.prompts import CHAT, PROMPT_FORMATS, RAW, Messages, Prompt, prompt_format
 
 PROMPT = "prompt"
 REWARD_FUNC_ARGS = "reward_func_args"
@@ -45,9 +51,10 @@ class DatasetError(Exception):
 
 @dataclass(frozen=True)
 class Example:
-    """One prompt and the arguments its reward function is called with."""
+    """One prompt (chat messages or raw text) and the arguments its reward function is
+    called with."""
 
-    prompt: list[dict[str, str]]
+    prompt: Prompt
     reward_func_args: dict[str, Any]
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -59,21 +66,28 @@ class WriteResult(NamedTuple):
     summary: str
 
 
-def load_dataset(path: str | Path) -> list[Example]:
-    """Read and validate a parquet dataset; raises DatasetError naming file, row, column."""
+def load_dataset(path: str | Path, *, expected_format: str | None = None) -> list[Example]:
+    """Read and validate a parquet dataset; raises DatasetError naming file, row, column.
+
+    With `expected_format` (`chat` or `raw`, a run's prompt_format) a dataset of the other
+    kind is refused, naming the file and the option."""
     path = Path(path)
     table = _read_table(path)
     if table.num_rows == 0:
         raise DatasetError(f"{path}: the dataset is empty (0 rows)")
     rows = range(table.num_rows)
+    raw = _is_text(table, PROMPT)
+    if expected_format is not None:
+        _check_format(path, RAW if raw else CHAT, expected_format)
     prompts = _column_values(table, PROMPT)
+    parse = parse_raw_prompt if raw else parse_prompt
     args = _column_values(table, REWARD_FUNC_ARGS)
     metadata = (
         _column_values(table, METADATA) if METADATA in table.column_names else [None] * len(rows)
     )
     return [
         Example(
-            prompt=parse_prompt(prompts[row], _where(path, row, PROMPT)),
+            prompt=parse(prompts[row], _where(path, row, PROMPT)),
             reward_func_args=parse_mapping(
                 args[row],
                 _where(path, row, REWARD_FUNC_ARGS),
@@ -99,9 +113,18 @@ def write_dataset(examples: Iterable[Example | Mapping[str, Any]], path: str | P
         raise DatasetError(f"{path}: no examples to write; a dataset needs at least one row")
     if path.is_dir():
         raise DatasetError(f"{path} is a folder; give the path of the .parquet file to write")
+    kind = prompt_format(rows[0].prompt)
+    for row, example in enumerate(rows):
+        if prompt_format(example.prompt) != kind:
+            raise DatasetError(
+                f"{_where(path, row, PROMPT)}: is {prompt_format(example.prompt)} while row 0 "
+                f"is {kind}; a dataset holds either chat messages or raw text prompts"
+            )
     table = pa.table(
         {
-            PROMPT: pa.array([e.prompt for e in rows], type=_PROMPT_TYPE),
+            PROMPT: pa.array(
+                [e.prompt for e in rows], type=pa.string() if kind == RAW else _PROMPT_TYPE
+            ),
             REWARD_FUNC_ARGS: pa.array(
                 [
                     _to_json(e.reward_func_args, path, i, REWARD_FUNC_ARGS)
@@ -115,24 +138,33 @@ def write_dataset(examples: Iterable[Example | Mapping[str, Any]], path: str | P
             ),
         }
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Write beside the target and rename, so a reader never sees half a file.
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        pq.write_table(table, partial)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    write_atomically(path, lambda partial: pq.write_table(table, partial))
     return path
 
 
-def parse_prompt(value: Any, where: str) -> list[dict[str, str]]:
-    """Validate one `prompt` cell: a non-empty list of {role, content} chat messages."""
+def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
+    """`write(partial)` writes the file beside `path`, which is then renamed to `path` (parent
+    folders created), so a reader never sees half a file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DatasetError(f"{path.parent}: cannot create the folder ({exc})") from exc
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        write(partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def parse_prompt(value: Any, where: str) -> Messages:
+    """Validate one `prompt` cell of a chat dataset: a non-empty list of {role, content}
+    chat messages."""
     value = _to_plain(value)
     if not isinstance(value, list) or not value:
         raise DatasetError(
-            f"{where}: must be a non-empty list of chat messages {{role, content}}, "
-            f"got {_excerpt(value)}"
+            f"{where}: must be a non-empty list of chat messages {{role, content}} (or, in a "
+            f"dataset of raw text prompts, a string), got {_excerpt(value)}"
         )
     messages = []
     for index, message in enumerate(value):
@@ -161,6 +193,14 @@ def parse_prompt(value: Any, where: str) -> list[dict[str, str]]:
             )
         messages.append({"role": role, "content": content})
     return messages
+
+
+def parse_raw_prompt(value: Any, where: str) -> str:
+    """Validate one `prompt` cell of a raw text dataset: a string with something in it (a
+    model cannot continue from nothing)."""
+    if not isinstance(value, str) or not value.strip():
+        raise DatasetError(f"{where}: must be a non-empty raw text prompt, got {_excerpt(value)}")
+    return value
 
 
 def parse_mapping(value: Any, where: str, *, drop_nulls: bool = False) -> dict[str, Any]:
@@ -217,6 +257,23 @@ def _column_values(table: pa.Table, name: str) -> list[Any]:
     return values
 
 
+def _is_text(table: pa.Table, name: str) -> bool:
+    column_type = table.schema.field(name).type
+    return pa.types.is_string(column_type) or pa.types.is_large_string(column_type)
+
+
+def _check_format(path: Path, found: str, expected: str) -> None:
+    if expected not in PROMPT_FORMATS:
+        raise ValueError(f"prompt format {expected!r} is not one of {PROMPT_FORMATS}")
+    if found == expected:
+        return
+    holds = {CHAT: "chat messages", RAW: "raw text (a column of strings)"}
+    raise DatasetError(
+        f"{path}: the prompts are {holds[found]}, but the run's prompt_format is {expected!r}: "
+        f"set prompt_format: {found}, or use a dataset whose prompts are {holds[expected]}"
+    )
+
+
 def _is_struct(table: pa.Table, name: str) -> bool:
     return name in table.column_names and pa.types.is_struct(table.schema.field(name).type)
 
@@ -234,8 +291,9 @@ def _validated(example: Example | Mapping[str, Any], path: Path, row: int) -> Ex
         raise DatasetError(
             f"{path}: row {row} must be an Example or a mapping, got {type(example).__name__}"
         )
+    parse = parse_raw_prompt if isinstance(prompt, str) else parse_prompt
     return Example(
-        prompt=parse_prompt(prompt, _where(path, row, PROMPT)),
+        prompt=parse(prompt, _where(path, row, PROMPT)),
         reward_func_args=parse_mapping(args, _where(path, row, REWARD_FUNC_ARGS)),
         metadata=parse_mapping(metadata, _where(path, row, METADATA)),
     )

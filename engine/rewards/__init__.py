@@ -52,6 +52,7 @@ RewardFunction = Callable[..., Mapping[str, Any]]
 # Registry name -> dotted path of the built-in reward functions (the dashboard lists these).
 BUILTIN_REWARDS: dict[str, str] = {
     "countdown": "engine.rewards.countdown.compute_score",
+    "countdown_es_at_scale": "engine.rewards.countdown_es_at_scale.compute_score",
     "gsm8k": "engine.rewards.gsm8k.compute_score",
     "conciseness": "engine.rewards.conciseness.compute_score",
 }

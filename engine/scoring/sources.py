@@ -4,7 +4,7 @@ ensemble of reward functions and scorer reward models (engine/scoring/ensembles.
 `RewardSources` is picklable (tasks carry it to Ray actors) and turns one batch of generated
 completions into a ScoredBatch: `rewards` is R, `parts["cost"]` is C when a scorer is set,
 and `parts["member/<name>"]` each ensemble member's own score, so the dashboard can show where
-members disagree. The scorer sees the prompt (the last user message) as context and the
+members disagree. The scorer sees the prompt (engine.prompts.user_text) as context and the
 completion as the text it scores, as two segments of one pair.
 """
 
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from engine.prompts import Prompt, user_text
 from engine.scoring.batch import ScoredBatch, score_batch
 from engine.scoring.client import ScorerClient
 from engine.scoring.ensembles import TRAINING_DDOF, combine
@@ -86,13 +87,13 @@ class RewardSources:
     def score(
         self,
         outputs: list[list[Completion]],
-        prompts: list[list[dict[str, str]]],
+        prompts: list[Prompt],
         reward_func_args: list[dict[str, Any]],
         description: str,
     ) -> ScoredBatch:
         shape = (len(outputs), len(outputs[0]) if outputs else 0)
         pairs = [
-            (_context(prompt), c.text)
+            (user_text(prompt), c.text)
             for prompt, cs in zip(prompts, outputs, strict=True)
             for c in cs
         ]
@@ -134,9 +135,3 @@ class RewardSources:
             num_tokens=np.array([[c.num_tokens for c in cs] for cs in outputs], dtype=np.int64),
             clipped=np.array([[not c.finished for c in cs] for cs in outputs], dtype=bool),
         )
-
-
-def _context(prompt: list[dict[str, str]]) -> str:
-    """What the scorer reads as the prompt: the last user message."""
-    users = [m["content"] for m in prompt if m["role"] == "user"]
-    return users[-1] if users else "\n\n".join(m["content"] for m in prompt)

@@ -36,8 +36,13 @@ class TrainingData:
 
 
 def load_data(config: RunConfig) -> TrainingData:
-    train_set = load_dataset(resolve_path(config.data.train_file))
-    eval_set = load_dataset(resolve_path(config.data.eval_file)) if config.data.eval_file else []
+    kind = config.data.prompt_format
+    train_set = load_dataset(resolve_path(config.data.train_file), expected_format=kind)
+    eval_set = (
+        load_dataset(resolve_path(config.data.eval_file), expected_format=kind)
+        if config.data.eval_file
+        else []
+    )
     batches = Batches(len(train_set), config.data.data_batch_size, config.data.seed)
     return TrainingData(train_set, eval_set, batches, config.total_steps(batches.per_epoch))
 

