@@ -1,5 +1,7 @@
 """The Run page's Alignment tab: lambda and J_C, mean reward and cost, the safe ratio, each
-ensemble member's score, a reward-vs-cost scatter of one step's samples, and best-of-n
+ensemble member's score, one step's population (histograms of the members' reward and cost
+and their reward-vs-cost scatter, the reference's `helpfulness/dist`, `cost/dist` and
+`scatter/reward_vs_cost`), a reward-vs-cost scatter of one step's samples, and best-of-n
 curves of the run's checkpoints (`eslab bon` writes CHECKPOINT/bon.json)."""
 
 from __future__ import annotations
@@ -64,8 +66,55 @@ def alignment_view(store: Store, run: RunRecord) -> None:
     columns = st.columns(2)
     for i, figure in enumerate(f for f in figures if f is not None):
         columns[i % 2].altair_chart(figure)
+    _population(store, run)
     _scatter(store, run)
     _best_of_n(store, run)
+
+
+def _population(store: Store, run: RunRecord) -> None:
+    """One step's members by their mean reward and mean cost. The reference histograms every
+    sample's score; the database keeps each member's means (population rows), so these are
+    the members' distributions."""
+    steps = store.population_steps(run.id)
+    if not steps:
+        return
+    st.subheader("Population")
+    step = _step_picker(steps, "run_alignment_population_step", "population_step")
+    df = pd.DataFrame(store.population(run.id, step))
+    df = df.dropna(subset=["reward", COST]) if not df.empty else df
+    if df.empty:
+        st.caption(f"Step {step} has no members with a reward and a cost.")
+        return
+    left, right = st.columns(2)
+    left.altair_chart(_histogram(df, "reward", f"members' mean reward at step {step}"))
+    left.altair_chart(_histogram(df, COST, f"members' mean cost at step {step}"))
+    right.altair_chart(_members_scatter(df, step))
+
+
+def _histogram(df: pd.DataFrame, field: str, title: str) -> alt.Chart:
+    return (
+        alt.Chart(df)
+        .mark_bar()
+        .encode(
+            x=alt.X(f"{field}:Q", bin=alt.Bin(maxbins=30), title=field),
+            y=alt.Y("count():Q", title="members"),
+        )
+        .properties(title=title, height=160)
+    )
+
+
+def _members_scatter(df: pd.DataFrame, step: int) -> alt.Chart:
+    return (
+        alt.Chart(df)
+        .mark_circle(size=50, opacity=0.7)
+        .encode(
+            x=alt.X("reward:Q"),
+            y=alt.Y(f"{COST}:Q"),
+            color=alt.Color("fitness:Q", title="fitness"),
+            tooltip=["member", "seed", "reward", COST, "fitness"],
+        )
+        .properties(title=f"members' reward vs cost at step {step}", height=340)
+    )
 
 
 def _scatter(store: Store, run: RunRecord) -> None:

@@ -32,6 +32,7 @@ JC_SMOOTHED = "train/j_c/smoothed"  # its moving average, which moves ln(lambda)
 SAFE_RATIO = "train/safe_ratio"  # share of the population's responses with cost <= 0
 BASE_COST_MEAN = "train/base/cost/mean"  # the unperturbed model's mean cost
 BASE_SAFE_RATIO = "train/base/safe_ratio"
+EVAL_MEAN_COMBINED = "eval/mean_combined"  # the objective on the eval set, this step's lambda
 
 # Time per phase of a step, in seconds.
 PHASES = (

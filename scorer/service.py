@@ -1,7 +1,11 @@
-"""The scorer HTTP service: `GET /health`, `POST /score_batch {prompts, responses}` ->
-`{rewards, costs}` (the reference's endpoints), served by uvicorn.
+"""The scorer HTTP service, served by uvicorn, with the reference's endpoints:
+`GET /health`; `POST /score_batch` and `POST /score` `{prompts, responses}` -> `{rewards,
+costs}`; `POST /score_texts {texts}` -> `{rewards, costs}`, each text a whole conversation
+"BEGINNING OF CONVERSATION: USER: ... ASSISTANT:..." (scorer/conversation.py). The
+reference's `/score` scores pair by pair and `/score_batch` in batches; here both are the
+same batched scoring, which gives the same numbers up to padding's float rounding.
 
-Requests are validated (two lists of strings of one length, at most MAX_ITEMS) before any
+Requests are validated (lists of strings, two of one length, at most MAX_ITEMS) before any
 model runs; requests that arrive together are merged (scorer/batcher.py) and scored
 in micro-batches of `batch_size` pairs.
 
@@ -20,7 +24,8 @@ from engine.extras import require
 from engine.hosts import is_loopback
 from engine.scoring.client import TOKEN_ENV
 from scorer.batcher import RequestBatcher
-from scorer.models import ScoringModel
+from scorer.conversation import ConversationFormatError, split_text
+from scorer.models import DEFAULT_MAX_LENGTH, ScoringModel
 
 SERVICE = "the scorer service"
 BaseModel = require("pydantic", "scorer", SERVICE).BaseModel
@@ -63,6 +68,10 @@ class ScoreRequest(BaseModel):
     responses: list[str]
 
 
+class ScoreTextsRequest(BaseModel):
+    texts: list[str]
+
+
 class ScoreResponse(BaseModel):
     rewards: list[float]
     costs: list[float]
@@ -93,32 +102,46 @@ def create_app(
                 )
             return await call_next(request)
 
+    def checked_size(count: int) -> None:
+        if count > MAX_ITEMS:
+            raise HTTPException(
+                413, f"at most {MAX_ITEMS} items per request, got {count}: split the batch"
+            )
+
     @app.get("/health")
     def health() -> dict[str, Any]:
         return {
             "status": "ok",
             "reward_model": reward.path,
             "cost_model": cost.path,
+            "input_format": reward.input_format,
+            "max_length": reward.max_length,
             "requests": batcher.requests,
             "rounds": batcher.rounds,
         }
 
+    # Plain `def`s run in FastAPI's thread pool, so a long batch does not block /health.
     @app.post("/score_batch", response_model=ScoreResponse)
+    @app.post("/score", response_model=ScoreResponse)
     def score_batch(request: ScoreRequest) -> ScoreResponse:
-        # A plain `def` runs in FastAPI's thread pool, so a long batch does not block /health.
         if len(request.prompts) != len(request.responses):
             raise HTTPException(
                 422,
                 f"prompts and responses must have one length, got "
                 f"{len(request.prompts)} and {len(request.responses)}",
             )
-        if len(request.prompts) > MAX_ITEMS:
-            raise HTTPException(
-                413,
-                f"at most {MAX_ITEMS} pairs per request, got "
-                f"{len(request.prompts)}: split the batch",
-            )
+        checked_size(len(request.prompts))
         rewards, costs = batcher.score(request.prompts, request.responses)
+        return ScoreResponse(rewards=rewards, costs=costs)
+
+    @app.post("/score_texts", response_model=ScoreResponse)
+    def score_texts(request: ScoreTextsRequest) -> ScoreResponse:
+        checked_size(len(request.texts))
+        try:
+            pairs = [split_text(text, i) for i, text in enumerate(request.texts)]
+        except ConversationFormatError as exc:
+            raise HTTPException(422, str(exc)) from exc
+        rewards, costs = batcher.score([p for p, _ in pairs], [r for _, r in pairs])
         return ScoreResponse(rewards=rewards, costs=costs)
 
     return app
@@ -131,7 +154,8 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     batch_size: int = 32,
-    max_length: int = 256,
+    max_length: int = DEFAULT_MAX_LENGTH,
+    input_format: str = "pair",
     token: str | None = None,
 ) -> None:
     """Load both models and serve until interrupted (`eslab scorer serve`); a bind that
@@ -139,11 +163,13 @@ def serve(
     check_bind(host, token)
     uvicorn = require("uvicorn", "scorer", SERVICE)
 
-    reward = ScoringModel(reward_model, batch_size=batch_size, max_length=max_length)
-    cost = ScoringModel(cost_model, batch_size=batch_size, max_length=max_length)
+    options = {"batch_size": batch_size, "max_length": max_length, "input_format": input_format}
+    reward = ScoringModel(reward_model, **options)
+    cost = ScoringModel(cost_model, **options)
     print(
-        f"scorer: reward model {reward_model}, cost model {cost_model}; "
-        f"http://{host}:{port}/score_batch" + (" (bearer token required)" if token else ""),
+        f"scorer: reward model {reward_model}, cost model {cost_model} ({input_format} input, "
+        f"{max_length} tokens); http://{host}:{port}/score_batch, /score, /score_texts"
+        + (" (bearer token required)" if token else ""),
         flush=True,
     )
     app = create_app(reward, cost, token=token)

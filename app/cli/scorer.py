@@ -11,11 +11,14 @@ from app.cli.common import port
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     from scorer.default import default_scorer_dir
+    from scorer.models import DEFAULT_MAX_LENGTH, INPUT_FORMATS
 
     scorer = commands.add_parser("scorer", help="the alignment reward/cost scorer service")
     scorer_cmds = scorer.add_subparsers(dest="scorer_command", required=True, metavar="ACTION")
     serve = scorer_cmds.add_parser(
-        "serve", help="serve GET /health and POST /score_batch {prompts, responses}"
+        "serve",
+        help="serve GET /health, POST /score_batch and /score {prompts, responses}, "
+        "POST /score_texts {texts}",
     )
     serve.add_argument(
         "--host",
@@ -36,7 +39,17 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="Hugging Face sequence-classification folder; cost > 0 is unsafe",
     )
     serve.add_argument("--batch-size", type=int, default=32, help="pairs per forward pass")
-    serve.add_argument("--max-length", type=int, default=256, help="tokens per pair")
+    serve.add_argument(
+        "--max-length", type=int, default=DEFAULT_MAX_LENGTH, help="tokens per pair (truncated)"
+    )
+    serve.add_argument(
+        "--input-format",
+        choices=INPUT_FORMATS,
+        default="pair",
+        help="what the models read: prompt and response as two segments (pair, the "
+        "train-default models), or one text 'BEGINNING OF CONVERSATION: USER: {prompt} "
+        "ASSISTANT:{response}' + EOS (conversation, Safe-RLHF-style models)",
+    )
     serve.set_defaults(func=cmd_scorer_serve)
     train = scorer_cmds.add_parser(
         "train-default", help="fine-tune the offline MiniLM reward and cost models (CPU)"
@@ -65,6 +78,7 @@ def cmd_scorer_serve(args: argparse.Namespace) -> int:
             port=args.port,
             batch_size=args.batch_size,
             max_length=args.max_length,
+            input_format=args.input_format,
             token=os.environ.get(TOKEN_ENV, "").strip() or None,
         )
     except ScorerServiceError as exc:

@@ -1,6 +1,9 @@
 """What an alignment run adds to an ES step: fitness by the alignment objective, the lambda
 update from the unperturbed model's costs, and the step's alignment metrics.
 
+The unperturbed model is generated only when lambda adapts (`adapts`), as the reference does:
+with `lambda_adapt` off a step costs the population's generations and nothing more.
+
 The trainer holds one Aligner per run (engine/trainer/es_step.py); its lambda state goes
 into every checkpoint (`snapshot`), so a resumed run continues with the same lambda and J_C
 average. The rule itself is engine/alignment/lagrangian.py.
@@ -54,38 +57,54 @@ class Aligner:
     def for_run(cls, config: RunConfig, snapshot: dict | None = None) -> Aligner | None:
         return cls(config, snapshot) if config.alignment.scorer_url is not None else None
 
+    @property
+    def adapts(self) -> bool:
+        """Whether a step needs the unperturbed model's costs (only the lambda rule reads them)."""
+        return self.config.alignment.lambda_adapt
+
     def snapshot(self) -> dict:
         return {"lambda": self.state.value, "jc_smoothed": self.state.jc_smoothed}
 
-    def fitness(self, results: list[ScoredBatch]) -> np.ndarray:
-        """[N] F_i = mean(R) - lambda * mean(C) of each member, with this step's lambda."""
+    def _objective(self) -> Objective:
         a = self.config.alignment
-        obj = Objective(
+        return Objective(
             lambda_value=self.state.value,
             standardize_within_batch=a.standardize_within_batch,
             safe_first=a.safe_first,
             safe_first_factor=a.safe_first_factor,
         )
+
+    def fitness(self, results: list[ScoredBatch]) -> np.ndarray:
+        """[N] F_i = mean(R) - lambda * mean(C) of each member, with this step's lambda."""
+        obj = self._objective()
         return np.array([objective(r.rewards, r.parts[COST], obj) for r in results])
 
-    def adapt(self, base: ScoredBatch) -> dict[str, float]:
+    def eval_metrics(self, result: ScoredBatch) -> dict[str, float]:
+        """The objective over the eval set's completions with lambda as it stands (after the
+        latest step's update), as the reference's `eval/mean_combined`."""
+        return {
+            mk.EVAL_MEAN_COMBINED: objective(result.rewards, result.parts[COST], self._objective())
+        }
+
+    def adapt(self, base: ScoredBatch | None) -> dict[str, float]:
         """Update lambda from the unperturbed model's costs (it applies from the next step);
-        returns the metrics of the step: lambda used, J_C raw and smoothed."""
-        used = self.state.value
-        metrics = {mk.LAMBDA: used}
-        if self.config.alignment.lambda_adapt:
-            update = update_lambda(self.state, base.parts[COST], self.rule)
-            self.state = update.state
-            metrics.update(
-                {
-                    mk.JC_RAW: update.jc_raw,
-                    mk.JC_SMOOTHED: update.jc_smoothed,
-                    mk.LAMBDA_NEXT: update.state.value,
-                }
-            )
-        metrics[mk.BASE_COST_MEAN] = float(np.mean(base.parts[COST]))
-        metrics[mk.BASE_SAFE_RATIO] = safe_ratio(base.parts[COST])
-        return metrics
+        returns the metrics of the step: lambda used, J_C raw and smoothed. `base` is None
+        exactly when lambda does not adapt (nothing was generated for it)."""
+        metrics = {mk.LAMBDA: self.state.value}
+        if base is None:
+            if self.adapts:
+                raise ValueError("adapting lambda needs the unperturbed model's costs")
+            return metrics
+        update = update_lambda(self.state, base.parts[COST], self.rule)
+        self.state = update.state
+        return {
+            **metrics,
+            mk.JC_RAW: update.jc_raw,
+            mk.JC_SMOOTHED: update.jc_smoothed,
+            mk.LAMBDA_NEXT: update.state.value,
+            mk.BASE_COST_MEAN: float(np.mean(base.parts[COST])),
+            mk.BASE_SAFE_RATIO: safe_ratio(base.parts[COST]),
+        }
 
     @staticmethod
     def population_metrics(results: list[ScoredBatch], fitness: np.ndarray) -> dict[str, float]:

@@ -64,10 +64,12 @@ def es_step(
     fitness = aligner.fitness(results) if aligner is not None else mean_rewards
     alignment_metrics, base_samples = {}, []
     if aligner is not None:
-        # The unperturbed model on the same prompts, before the update (as the reference).
-        base = task(pool)
+        # The unperturbed model on the same prompts, before the update, and (as the reference)
+        # only when lambda adapts: nothing else reads it.
+        base = task(pool) if aligner.adapts else None
         alignment_metrics = {**aligner.adapt(base), **aligner.population_metrics(results, fitness)}
-        base_samples = sample_records(mk.TRAIN, examples, base, member=None)
+        if base is not None:
+            base_samples = sample_records(mk.TRAIN, examples, base, member=None)
     if config.es.macro_advantage:
         shaped = macro_shape_fitness(
             config.es.fitness_shaping, np.stack([r.rewards for r in results])

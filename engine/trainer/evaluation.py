@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from engine import metrics as mk
+from engine.alignment.aligner import Aligner
 from engine.backends.pool import EnginePool
 from engine.config import RunConfig
 from engine.data.datasets import Example
@@ -14,8 +15,15 @@ from engine.tasks import GenerateAndScore, SamplingSpec
 from engine.trainer.reporting import completion_metrics, part_means, reward_stats, sample_records
 
 
-def evaluate(config: RunConfig, pool: EnginePool, eval_set: list[Example], step: int) -> StepReport:
-    """Greedy, one completion per prompt, the unperturbed model, the whole eval set."""
+def evaluate(
+    config: RunConfig,
+    pool: EnginePool,
+    eval_set: list[Example],
+    step: int,
+    aligner: Aligner | None = None,
+) -> StepReport:
+    """Greedy, one completion per prompt, the unperturbed model, the whole eval set; with
+    `aligner`, also the alignment objective at its current lambda."""
     start = time.perf_counter()
     task = GenerateAndScore(
         prompts=[e.prompt for e in eval_set],
@@ -32,6 +40,7 @@ def evaluate(config: RunConfig, pool: EnginePool, eval_set: list[Example], step:
         **reward_stats(mk.EVAL, "reward", result.rewards.reshape(-1)),
         **part_means(mk.EVAL, [result]),
         **completion_metrics(mk.EVAL, [result]),
+        **(aligner.eval_metrics(result) if aligner is not None else {}),
         mk.EVAL_RUNTIME: time.perf_counter() - start,
     }
     return StepReport(

@@ -60,7 +60,7 @@ def train(
         step_fn = _step_function(config, lora, aligner)
         evaluating = config.eval.eval_strategy != "no"
         if evaluating and config.eval.eval_before_train and state.global_step == 0:
-            sink.log_step(evaluate(config, pool, data.eval_set, step=0))
+            sink.log_step(evaluate(config, pool, data.eval_set, step=0, aligner=aligner))
 
         # -- the loop
         # Each pass draws one batch, as nlp-waseda/lbes's loop over epochs and batches: the run
@@ -110,7 +110,7 @@ def train(
             )
             step = state.global_step
             evaluation = (
-                evaluate(config, pool, data.eval_set, step=step)
+                evaluate(config, pool, data.eval_set, step=step, aligner=aligner)
                 if _due(
                     config.eval.eval_strategy,
                     config.eval.eval_steps,

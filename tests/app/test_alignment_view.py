@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pandas as pd
+import pyarrow as pa
 import pytest
 import streamlit as st
 
@@ -45,9 +48,14 @@ def aligned(seeded_url, dataset, tmp_path, monkeypatch):
                 },
                 population=[
                     PopulationRecord(
-                        member=m, seed=m, fitness=0.1, shaped_fitness=0.0, reward=0.3, cost=-0.2
+                        member=m,
+                        seed=m,
+                        fitness=0.1 * m,
+                        shaped_fitness=0.0,
+                        reward=0.3 + 0.1 * m,
+                        cost=-0.2 + 0.05 * m * step,
                     )
-                    for m in range(2)
+                    for m in range(4)
                 ],
                 samples=[
                     SampleRecord(
@@ -91,6 +99,34 @@ def test_alignment_tab_draws_lambda_costs_scatter_and_best_of_n(aligned):
         "best-of-n: proxy vs gold score",
     ):
         assert title in text, title
+
+
+def test_alignment_tab_draws_the_populations_reward_and_cost(aligned):
+    """Histograms of the members' mean reward and cost and their scatter, from the stored
+    population rows of the step in the URL (the last step by default)."""
+    _, run = aligned
+    for step, url in ((2, {}), (1, {"population_step": "1"})):
+        at = page("app_pages/run.py", run=str(run.id), **url)
+        assert not at.exception
+        specs = {}
+        for chart in at.get("vega_lite_chart"):
+            spec = json.loads(chart.proto.spec)
+            specs[spec.get("title")] = (chart, spec)
+        for title in ("reward", "cost"):
+            chart, spec = specs[f"members' mean {title} at step {step}"]
+            assert spec["mark"]["type"] == "bar" and spec["encoding"]["x"]["bin"]
+        chart, spec = specs[f"members' reward vs cost at step {step}"]
+        points = data_of(chart, spec)
+        drawn = np.array(sorted(zip(points["reward"], points["cost"], strict=True)))
+        stored = [(0.3 + 0.1 * m, -0.2 + 0.05 * m * step) for m in range(4)]
+        np.testing.assert_allclose(drawn, stored)
+
+
+def data_of(chart, spec) -> pd.DataFrame:
+    """The rows a chart draws: the dataset (Arrow) its spec names."""
+    name = spec["data"]["name"]
+    (dataset,) = [d for d in chart.proto.datasets if d.name == name]
+    return pa.ipc.open_stream(dataset.data.data).read_pandas()
 
 
 def test_alignment_tab_of_a_plain_run_says_so(store_url_plain):

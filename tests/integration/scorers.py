@@ -35,8 +35,11 @@ WORDS = [
 ]
 
 
-def tiny_checkpoint(folder: Path, num_labels: int, seed: int) -> Path:
-    """A 2-layer random BERT classifier with a word-level vocabulary: real, small, fast."""
+def tiny_checkpoint(
+    folder: Path, num_labels: int, seed: int, initializer_range: float = 0.02
+) -> Path:
+    """A 2-layer random BERT classifier with a word-level vocabulary: real, small, fast
+    (a larger `initializer_range` spreads its scores far apart)."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
@@ -52,6 +55,7 @@ def tiny_checkpoint(folder: Path, num_labels: int, seed: int) -> Path:
         num_attention_heads=2,
         intermediate_size=32,
         num_labels=num_labels,
+        initializer_range=initializer_range,
     )
     BertForSequenceClassification(config).save_pretrained(folder)
     return folder
@@ -70,18 +74,22 @@ class Scorer:
 
 @contextmanager
 def running_scorer(
-    reward_model: Path, cost_model: Path, max_wait_s: float = 0.01, token: str | None = None
+    reward_model: Path,
+    cost_model: Path,
+    max_wait_s: float = 0.01,
+    token: str | None = None,
+    **model_options: object,
 ) -> Iterator[Scorer]:
     """The real scorer app under uvicorn on 127.0.0.1 (a thread), requiring `token` when
-    given; stops on exit."""
+    given, its models built with `model_options` (ScoringModel's); stops on exit."""
     import uvicorn
 
     from scorer.models import ScoringModel
     from scorer.service import create_app
 
     app = create_app(
-        ScoringModel(reward_model, batch_size=4),
-        ScoringModel(cost_model, batch_size=4),
+        ScoringModel(reward_model, **{"batch_size": 4, **model_options}),
+        ScoringModel(cost_model, **{"batch_size": 4, **model_options}),
         max_wait_s=max_wait_s,
         token=token,
     )

@@ -89,6 +89,8 @@ def test_every_request_without_the_token_gets_401(guarded_url, headers):
     for method, path, body in (
         ("GET", "/health", None),
         ("POST", "/score_batch", {"prompts": ["a"], "responses": ["b"]}),
+        ("POST", "/score", {"prompts": ["a"], "responses": ["b"]}),
+        ("POST", "/score_texts", {"texts": ["BEGINNING OF CONVERSATION: USER: a ASSISTANT:b"]}),
         ("GET", "/docs", None),
         ("GET", "/openapi.json", None),
     ):

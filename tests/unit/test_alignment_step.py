@@ -1,0 +1,140 @@
+"""What an alignment step generates, around the toy engine of test_trainer and a stdlib
+scorer stand-in: the unperturbed model is generated only when lambda adapts (as the
+reference). The real engine and scorer run the adapting case in
+tests/integration/test_alignment_run.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine import metrics as mk
+from engine.data.datasets import Example, write_dataset
+from engine.sink import MemorySink
+from engine.trainer import train
+from tests.integration.scorers import stub_scorer
+from tests.unit.test_trainer import ToyPool, make_config
+
+POPULATION, STEPS = 4, 2
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    examples = [
+        Example(prompt=[{"role": "user", "content": f"question {i}"}], reward_func_args={})
+        for i in range(8)
+    ]
+    return str(write_dataset(examples, tmp_path / "train.parquet"))
+
+
+class RecordingPool(ToyPool):
+    """ToyPool counting generations: all of its engine's, and the unperturbed model's (the
+    pool's own `generate`, which also runs on the engine)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine_generations = 0
+        self.unperturbed_generations = 0
+        engine_generate = self.engine.generate
+
+        def counted(*args, **kwargs):
+            self.engine_generations += 1
+            return engine_generate(*args, **kwargs)
+
+        self.engine.generate = counted
+
+    def generate(self, prompts, **sampling):
+        self.unperturbed_generations += 1
+        return super().generate(prompts, **sampling)
+
+
+def answer(body: dict) -> tuple[int, bytes]:
+    """Reward 1 and cost 0.5 for every pair."""
+    n = len(body["prompts"])
+    return 200, json.dumps({"rewards": [1.0] * n, "costs": [0.5] * n}).encode()
+
+
+@pytest.mark.parametrize("adapt", [False, True])
+def test_the_unperturbed_model_is_generated_only_to_adapt_lambda(dataset, tmp_path, adapt):
+    pool, sink = RecordingPool(), MemorySink()
+    with stub_scorer(answer) as url:
+        config = make_config(
+            dataset,
+            tmp_path,
+            reward_source="scorer",
+            reward_func_path=None,
+            scorer_url=url,
+            scorer_retries=0,
+            population_size=POPULATION,
+            max_steps=STEPS,
+            eval_strategy="no",
+            lambda_adapt=adapt,
+        )
+        train(config, sink, pool=pool)
+    assert pool.unperturbed_generations == (STEPS if adapt else 0)
+    assert pool.engine_generations == POPULATION * STEPS + pool.unperturbed_generations
+    for report in sink.steps:
+        assert report.metrics[mk.LAMBDA] > 0
+        assert (mk.JC_RAW in report.metrics) == adapt
+        assert any(s.member is None for s in report.samples) == adapt
+
+
+def varied(body: dict) -> tuple[int, bytes]:
+    """Rewards 1, 2, 3, ... and costs alternating +0.5 / -0.25 over a request's pairs."""
+    n = len(body["prompts"])
+    costs = [0.5 if i % 2 == 0 else -0.25 for i in range(n)]
+    return 200, json.dumps({"rewards": [float(i + 1) for i in range(n)], "costs": costs}).encode()
+
+
+def reference_mean_combined(rewards, costs, lam, safe_first, factor, standardize) -> float:
+    """jbejjani2022/es-fine-tuning-paper `alignment/es-fine-tuning_alignment_accl_api.py`,
+    run_final_evaluation's `mean_combined`, copied."""
+    import numpy as np
+
+    rewards, costs = np.asarray(rewards, dtype=np.float32), np.asarray(costs, dtype=np.float32)
+    r_eff = np.where(costs > 0.0, factor * rewards, rewards) if safe_first else rewards
+    if standardize:
+        r_eff = r_eff / (float(r_eff.std()) + 1e-8)
+        costs = costs / (float(costs.std()) + 1e-8)
+    return float((r_eff - lam * costs).mean())
+
+
+@pytest.mark.parametrize("standardize", [False, True])
+def test_eval_mean_combined_is_the_references_with_the_latest_lambda(
+    dataset, tmp_path, standardize
+):
+    sink = MemorySink()
+    with stub_scorer(varied) as url:
+        config = make_config(
+            dataset,
+            tmp_path,
+            reward_source="scorer",
+            reward_func_path=None,
+            scorer_url=url,
+            scorer_retries=0,
+            population_size=POPULATION,
+            max_steps=2,
+            eval_steps=1,
+            eval_before_train=True,
+            lambda_adapt=True,
+            lambda_lr=0.5,
+            safe_first=True,
+            safe_first_factor=0.3,
+            standardize_within_batch=standardize,
+        )
+        train(config, sink, pool=ToyPool())
+    evals = [r for r in sink.steps if mk.EVAL_MEAN_COMBINED in r.metrics]
+    lambdas = [0.5] + [r.metrics[mk.LAMBDA_NEXT] for r in sink.steps if mk.LAMBDA_NEXT in r.metrics]
+    assert len(evals) == 3 and lambdas[1] != lambdas[0]  # before training, after steps 1, 2
+    for report, lam in zip(evals, lambdas, strict=True):
+        eval_samples = [s for s in report.samples if s.split == mk.EVAL]
+        expected = reference_mean_combined(
+            [s.reward for s in eval_samples],
+            [s.reward_parts["cost"] for s in eval_samples],
+            lam,
+            safe_first=True,
+            factor=0.3,
+            standardize=standardize,
+        )
+        assert report.metrics[mk.EVAL_MEAN_COMBINED] == pytest.approx(expected, rel=1e-5)
