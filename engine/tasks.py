@@ -37,6 +37,7 @@ class GenerateAndScore:
     sampling: SamplingSpec
     description: str = "a sample"
     sources: RewardSources | None = None  # scorer / ensemble rewards and costs (alignment)
+    reward_timeout_s: float | None = None  # reward_timeout_seconds (None: no limit)
 
     def __call__(self, engine: PerturbationEngine | EnginePool) -> ScoredBatch:
         """Runs on a (perturbed) engine, or on the pool for the unperturbed model."""
@@ -58,7 +59,13 @@ class GenerateAndScore:
             return self.sources.score(
                 outputs, self.prompts, self.reward_func_args, self.description
             )
-        return score_batch(outputs, self.reward_func_args, self.reward_func_path, self.description)
+        return score_batch(
+            outputs,
+            self.reward_func_args,
+            self.reward_func_path,
+            self.description,
+            self.reward_timeout_s,
+        )
 
 
 @dataclass(frozen=True)

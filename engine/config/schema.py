@@ -214,6 +214,16 @@ class RewardConfig:
         "with the reward_func_args its signature names. Required unless reward_source is "
         "scorer or ensemble.",
     )
+    reward_timeout_seconds: float | None = option(
+        10.0,
+        "Seconds one reward function call may take on one completion before the run "
+        "stops with an error naming the function and the sample (ES at Scale's default "
+        "is 10; it scores such a completion 0 instead). Reward functions then run in a "
+        "child process that can be killed; None runs them in the trainer's own process "
+        "with no limit.",
+        min_value=0.0,
+        exclusive_min=True,
+    )
 
 
 _LBES = ("lbes",)

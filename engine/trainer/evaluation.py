@@ -26,6 +26,7 @@ def evaluate(config: RunConfig, pool: EnginePool, eval_set: list[Example], step:
         ),
         description=f"evaluation at step {step}",
         sources=RewardSources.from_config(config),
+        reward_timeout_s=config.reward.reward_timeout_seconds,
     )
     result = task(pool)
     metrics = {
