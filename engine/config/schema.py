@@ -23,6 +23,7 @@ STRATEGIES = ("no", "steps", "epoch")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 SCHEDULE_TYPES = tuple(SCHEDULES)
 SHAPER_NAMES = tuple(SHAPERS)
+LEARNING_RATE_RULES = ("fixed", "half_noise_std")
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,13 @@ class EsConfig:
         "default model) to show learning in minutes. 0 leaves the weights unchanged.",
         min_value=0.0,
     )
+    learning_rate_rule: str = option(
+        "fixed",
+        "fixed: learning_rate as given. half_noise_std: ES at Scale's rule when its alpha "
+        "is unset, learning_rate = noise_std / 2 (lr_scheduler_type then starts from "
+        "there, and learning_rate itself is not read).",
+        choices=LEARNING_RATE_RULES,
+    )
     lr_scheduler_type: str = option(
         "constant", "How learning_rate changes over training.", choices=SCHEDULE_TYPES
     )
@@ -175,6 +183,13 @@ class EsConfig:
         "average, instead of shaping each member's mean reward.",
         methods=("es",),
     )
+
+    @property
+    def initial_learning_rate(self) -> float:
+        """The learning rate at step 0, where learning_rate_rule says it comes from."""
+        if self.learning_rate_rule == "half_noise_std":
+            return self.noise_std / 2  # VsonicV/es-at-scale, es_at_scale/train.py (alpha -1)
+        return self.learning_rate
 
 
 @dataclass(frozen=True)
@@ -385,6 +400,12 @@ class EvalConfig:
     save_total_limit: int = option(
         3, "Checkpoints kept on disk; the oldest are removed.", min_value=1
     )
+    save_best_model: bool = option(
+        False,
+        "Save a checkpoint at every evaluation whose mean eval reward beats all earlier ones "
+        "(the untrained model's included) and never remove the best one; the final model "
+        "is still the last step's (ES at Scale's save_best_models).",
+    )
 
 
 @dataclass(frozen=True)
@@ -393,6 +414,13 @@ class LoggingConfig:
 
     logging_steps: int = option(1, "Steps between metric reports.", min_value=1)
     run_name: str | None = option(None, "Display name of the run; None lets ES Lab pick one.")
+    report_to: str | None = option(
+        None,
+        "Experiment trackers that also get every metric, comma-separated: tensorboard "
+        "(event files in output_dir/tensorboard; the `tensorboard` extra) and wandb "
+        "(Weights & Biases, files in output_dir/wandb, WANDB_MODE=offline keeps them on "
+        "disk; the `wandb` extra). None or none: ES Lab's own store only.",
+    )
 
 
 _LORA_DEFAULT_MODULES = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
