@@ -23,7 +23,7 @@ STRATEGIES = ("no", "steps", "epoch")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 SCHEDULE_TYPES = tuple(SCHEDULES)
 SHAPER_NAMES = tuple(SHAPERS)
-LEARNING_RATE_RULES = ("fixed", "half_noise_std")
+LEARNING_RATE_RULES = ("fixed", "es_at_scale")
 
 
 @dataclass(frozen=True)
@@ -142,9 +142,10 @@ class EsConfig:
     )
     learning_rate_rule: str = option(
         "fixed",
-        "fixed: learning_rate as given. half_noise_std: ES at Scale's rule when its alpha "
-        "is unset, learning_rate = noise_std / 2 (lr_scheduler_type then starts from "
-        "there, and learning_rate itself is not read).",
+        "fixed: learning_rate as given. es_at_scale: ES at Scale's default step, alpha = "
+        "sigma / 2 in its update theta += alpha / N * sum z_i eps_i, which is learning_rate "
+        "= noise_std^2 / 2 here (5e-7 at noise_std 1e-3); lr_scheduler_type starts from it "
+        "and learning_rate itself is not read.",
         choices=LEARNING_RATE_RULES,
     )
     lr_scheduler_type: str = option(
@@ -187,8 +188,10 @@ class EsConfig:
     @property
     def initial_learning_rate(self) -> float:
         """The learning rate at step 0, where learning_rate_rule says it comes from."""
-        if self.learning_rate_rule == "half_noise_std":
-            return self.noise_std / 2  # VsonicV/es-at-scale, es_at_scale/train.py (alpha -1)
+        if self.learning_rate_rule == "es_at_scale":
+            # VsonicV/es-at-scale, es_at_scale/train.py: alpha -1 means sigma / 2, and its
+            # step alpha / N equals lr / (N * sigma) of ES Lab's update (docs/algorithms.md).
+            return self.noise_std**2 / 2
         return self.learning_rate
 
 

@@ -9,10 +9,12 @@ import json
 import sys
 import types
 
+import numpy as np
 import pytest
 
 from engine import metrics as mk
 from engine.config import ConfigError
+from engine.es import update_coefficients
 from engine.extras import MissingExtra
 from engine.sink import MemorySink, StepReport
 from engine.trainer import list_checkpoints, train
@@ -172,14 +174,27 @@ def test_a_missing_tracker_library_fails_before_training_naming_the_extra(
 # -- ES at Scale's learning rate rule
 
 
-def test_half_noise_std_is_es_at_scales_alpha(dataset, tmp_path):  # noqa: F811
+def test_es_at_scales_rule_takes_the_step_of_its_alpha_of_half_sigma(dataset, tmp_path):  # noqa: F811
+    sigma, population = 0.002, 30
     config = make_config(
-        dataset, tmp_path, learning_rate=5e-7, learning_rate_rule="half_noise_std", noise_std=0.002
+        dataset,
+        tmp_path,
+        learning_rate=5e-7,  # the default: not read under the rule
+        learning_rate_rule="es_at_scale",
+        noise_std=sigma,
+        population_size=population,
     )
-    assert current_schedules(config, 0, 10) == (0.002, 0.001)
+    noise_std, learning_rate = current_schedules(config, 0, 10)
+    assert (noise_std, learning_rate) == (sigma, pytest.approx(2e-6))
+    # VsonicV/es-at-scale: alpha = sigma / 2, theta += alpha / N * sum_i z_i * eps_i
+    z = np.random.default_rng(0).standard_normal(population)
+    reference = (sigma / 2) / population * z
+    ours = update_coefficients(z, [1] * population, learning_rate, noise_std)
+    assert ours == pytest.approx(reference, rel=1e-12)
     sink = MemorySink()
     train(config.with_overrides(["max_steps=2"]), sink, pool=ToyPool())
-    assert sink.series(mk.LEARNING_RATE) == [(1, 0.001), (2, 0.001)]
+    assert [s for s, _ in sink.series(mk.LEARNING_RATE)] == [1, 2]
+    assert [v for _, v in sink.series(mk.LEARNING_RATE)] == pytest.approx([2e-6, 2e-6])
     assert current_schedules(make_config(dataset, tmp_path), 0, 10)[1] == 0.02  # fixed
     with pytest.raises(ConfigError, match=r"es\.learning_rate is not read when learning_rate_rule"):
-        make_config(dataset, tmp_path, learning_rate_rule="half_noise_std")
+        make_config(dataset, tmp_path, learning_rate_rule="es_at_scale")
