@@ -26,6 +26,7 @@ import mmap
 import os
 import pickle
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -177,7 +178,14 @@ def _read_frame(stream: IO[bytes]) -> Any | None:
 
 def _serve(mark_fd: int) -> None:
     """Answer (path, items) frames with ("scores", [...]) or ("error", message) until stdin
-    closes. What reward functions print goes to stderr: stdout carries the frames."""
+    closes. What reward functions print goes to stderr: stdout carries the frames.
+
+    The child ignores SIGINT and SIGTERM, which reach it with its parent's process group (a
+    Ctrl-C of `eslab train`, Ray's stop_job): the parent stops at a step boundary, saving a
+    checkpoint, and a child dead mid-batch would fail the run instead. The parent ends it
+    (kill, or closing its stdin, also by dying)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     mark = mmap.mmap(mark_fd, _MARK.size)

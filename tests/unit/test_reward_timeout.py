@@ -5,6 +5,7 @@ fresh one. Real subprocesses; the reward functions below are the slow parts."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
@@ -81,6 +82,18 @@ def test_a_failing_reward_keeps_its_message_and_a_dying_one_is_named():
     with pytest.raises(RewardError, match=r"exited with code 3 while scoring d, prompt 0"):
         score_batch(completions("x"), [{}], f"{HERE}.crash", "d", timeout_s=5)
     assert score_batch(completions("x"), [{}], f"{HERE}.spin", "d", timeout_s=5).fitness == 1.0
+
+
+def test_the_child_outlives_the_signals_that_ask_the_trainer_to_stop():
+    assert score_batch(completions("x"), [{}], f"{HERE}.spin", "d", timeout_s=5).fitness == 1.0
+    child = reward_process._process
+    assert child is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a Ctrl-C, Ray's stop_job: the trainer's
+        os.kill(child._proc.pid, sig)
+    time.sleep(0.2)
+    assert child.alive
+    assert score_batch(completions("x"), [{}], f"{HERE}.spin", "d", timeout_s=5).fitness == 1.0
+    assert reward_process._process is child
 
 
 def test_the_option_defaults_to_the_reference_and_refuses_bad_values(tmp_path):
