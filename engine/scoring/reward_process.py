@@ -106,7 +106,7 @@ class RewardProcess:
                 raise RewardTimeout(
                     f"reward function {path} ran longer than reward_timeout_seconds "
                     f"({timeout_s:g} s) on {_where(items, index)}: the run is stopped "
-                    "rather than scoring it 0; fix the function or raise it"
+                    "rather than scoring it 0; fix the function or raise reward_timeout_seconds"
                 )
 
     def _current(self) -> int:
