@@ -188,11 +188,17 @@ class EsConfig:
     @property
     def initial_learning_rate(self) -> float:
         """The learning rate at step 0, where learning_rate_rule says it comes from."""
-        if self.learning_rate_rule == "es_at_scale":
-            # VsonicV/es-at-scale, es_at_scale/train.py: alpha -1 means sigma / 2, and its
-            # step alpha / N equals lr / (N * sigma) of ES Lab's update (docs/algorithms.md).
-            return self.noise_std**2 / 2
-        return self.learning_rate
+        return initial_learning_rate(self.learning_rate_rule, self.learning_rate, self.noise_std)
+
+
+def initial_learning_rate(rule: str, learning_rate: float, noise_std: float) -> float:
+    """The learning rate at step 0 under `rule` (learning_rate_rule); for a stored flat
+    configuration too (the dashboard's planned schedule)."""
+    if rule == "es_at_scale":
+        # VsonicV/es-at-scale, es_at_scale/train.py: alpha -1 means sigma / 2, and its step
+        # alpha / N equals lr / (N * sigma) of ES Lab's update (docs/algorithms.md).
+        return noise_std**2 / 2
+    return learning_rate
 
 
 @dataclass(frozen=True)

@@ -107,3 +107,29 @@ def test_the_option_defaults_to_the_reference_and_refuses_bad_values(tmp_path):
     for bad in ("0", "-1", "soon"):
         with pytest.raises(ConfigError, match="reward_timeout_seconds"):
             RunConfig.from_flat({**base, "reward_timeout_seconds": bad})
+
+
+def hang_always(completion: str, target: str) -> dict:
+    """Hangs on every completion: the run's first scoring call never returns by itself."""
+    while True:
+        pass
+
+
+def test_a_training_run_with_a_hanging_reward_fails_naming_it(tmp_path):
+    from engine.data.datasets import Example, write_dataset
+    from engine.sink import MemorySink
+    from engine.trainer import train
+    from tests.unit.test_trainer import ToyPool, make_config
+
+    rows = [Example([{"role": "user", "content": "q"}], {"target": "ok"})] * 4
+    dataset = str(write_dataset(rows, tmp_path / "train.parquet"))
+    config = make_config(
+        dataset,
+        tmp_path,
+        reward_func_path=f"{HERE}.hang_always",
+        reward_timeout_seconds=0.5,
+        eval_strategy="no",
+        eval_steps=None,
+    )
+    with pytest.raises(RewardTimeout, match=r"\(0\.5 s\) on step 1, prompt 0 sample 0"):
+        train(config, MemorySink(), pool=ToyPool())
