@@ -8,6 +8,7 @@ import pandas as pd
 
 from app import charts
 from engine import metrics as mk
+from engine.config.schema import initial_learning_rate
 from engine.schedules import planned_schedule
 from jobs.store.records import RunRecord
 from jobs.store.store import Store
@@ -65,8 +66,12 @@ def schedule(
     done = charts.frame(store.metric_buckets(run.id, key), "step")
     plan = pd.DataFrame(columns=["step", "value"])
     if run.total_steps and cfg.get(kind):
+        start = cfg[initial]
+        if key == mk.LEARNING_RATE:
+            rule = cfg.get("learning_rate_rule", "fixed")
+            start = initial_learning_rate(rule, cfg["learning_rate"], cfg["noise_std"])
         values = planned_schedule(
-            cfg[kind], cfg[initial], cfg[final], run.total_steps, cfg[rate], cfg[power]
+            cfg[kind], start, cfg[final], run.total_steps, cfg[rate], cfg[power]
         )
         plan = charts.downsample(
             pd.DataFrame({"step": range(len(values)), "value": values}), "step", "value"

@@ -1,8 +1,9 @@
 """Optional dependencies: the parts of ES Lab that need an extra say which one.
 
 The default install stays lean; the scorer service (`eslab[scorer]`), the HTML report's
-renderer (`eslab[report]`) and the PostgreSQL driver (`eslab[postgres]`) come as extras
-(`eslab[all]` has them all, and `make run` / `make test` install it). Code that needs one
+renderer (`eslab[report]`), the PostgreSQL driver (`eslab[postgres]`) and the trackers of
+report_to (`eslab[tensorboard]`, `eslab[wandb]`) come as extras (`eslab[all]` has them all but
+wandb, and `make run` / `make test` install it). Code that needs one
 imports it through `require`, so a missing extra is one line naming the command that fixes
 it, never a bare ModuleNotFoundError from deep inside a request.
 """

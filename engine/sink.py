@@ -2,6 +2,8 @@
 
 The trainer knows nothing of databases or files; it hands plain records to a Sink. jobs/
 provides the database sink; `JsonlSink` here writes JSON lines for `eslab train --no-db`.
+The trackers of `report_to` (engine/reporters: TensorBoard, W&B) are Reporters, sinks that
+also close; the trainer hands everything to a `FanoutSink` of its own sink and them.
 """
 
 from __future__ import annotations
@@ -61,6 +63,44 @@ class Sink(Protocol):
     def log_event(self, level: str, message: str) -> None: ...
 
     def heartbeat(self, step: int) -> None: ...
+
+
+class Reporter(Sink, Protocol):
+    """A sink that holds a file or a connection open until the run ends."""
+
+    def close(self) -> None: ...
+
+
+class FanoutSink:
+    """Forwards everything to `primary` first (the database sink, whose heartbeat may stop
+    the run), then to each reporter; `close` closes the reporters."""
+
+    def __init__(self, primary: Sink, reporters: list[Reporter]) -> None:
+        self.primary = primary
+        self.reporters = reporters
+
+    def _all(self) -> list[Sink]:
+        return [self.primary, *self.reporters]
+
+    def log_step(self, report: StepReport) -> None:
+        for sink in self._all():
+            sink.log_step(report)
+
+    def log_checkpoint(self, step: int, path: str) -> None:
+        for sink in self._all():
+            sink.log_checkpoint(step, path)
+
+    def log_event(self, level: str, message: str) -> None:
+        for sink in self._all():
+            sink.log_event(level, message)
+
+    def heartbeat(self, step: int) -> None:
+        for sink in self._all():
+            sink.heartbeat(step)
+
+    def close(self) -> None:
+        for reporter in self.reporters:
+            reporter.close()
 
 
 class JsonlSink:

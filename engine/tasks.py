@@ -38,6 +38,7 @@ class GenerateAndScore:
     sampling: SamplingSpec
     description: str = "a sample"
     sources: RewardSources | None = None  # scorer / ensemble rewards and costs (alignment)
+    reward_timeout_s: float | None = None  # reward_timeout_seconds (None: no limit)
 
     def __call__(self, engine: PerturbationEngine | EnginePool) -> ScoredBatch:
         """Runs on a (perturbed) engine, or on the pool for the unperturbed model."""
@@ -62,7 +63,11 @@ class GenerateAndScore:
             )
         else:
             batch = score_batch(
-                outputs, self.reward_func_args, self.reward_func_path, self.description
+                outputs,
+                self.reward_func_args,
+                self.reward_func_path,
+                self.description,
+                self.reward_timeout_s,
             )
         batch.token_ids = [[tuple(c.token_ids) for c in cs] for cs in outputs]
         return batch

@@ -21,6 +21,7 @@ from app.views import (
     smoothing_param,
 )
 from engine.paths import resolve_path
+from engine.trainer.checkpoints import best_checkpoint
 from jobs.liveness import stale_for
 from jobs.scheduler import SchedulerSettings
 from jobs.store.errors import StoreError
@@ -124,14 +125,19 @@ with events_tab:
 with ckpt_tab:
     ckpts = store.checkpoints(run.id)
     if ckpts:
-        st.dataframe(pd.DataFrame([c.__dict__ for c in ckpts]), hide_index=True)
+        output_dir = run.config.get("output_dir")
+        best = best_checkpoint(resolve_path(output_dir)) if output_dir else None
+        rows = [{**c.__dict__, "best": resolve_path(c.path) == best} for c in ckpts]
+        st.dataframe(pd.DataFrame(rows), hide_index=True)
         on_disk = [c for c in ckpts if resolve_path(c.path).is_dir()]
         if on_disk:
             chosen = st.selectbox(
                 "Checkpoint",
                 on_disk,
                 index=len(on_disk) - 1,
-                format_func=lambda c: f"step {c.step}: {c.path}",
+                format_func=lambda c: (
+                    f"step {c.step}: {c.path}" + (" (best)" if resolve_path(c.path) == best else "")
+                ),
             )
             refused = exports.too_large(chosen.path)
             if refused:

@@ -66,6 +66,18 @@ def _antithetic_even(v: dict[str, Any]) -> Iterator[FieldError]:
         )
 
 
+@_rule("learning_rate_rule", "learning_rate")
+def _learning_rate_rule(v: dict[str, Any]) -> Iterator[FieldError]:
+    # A learning_rate that the rule replaces would be silently ignored: refuse it.
+    if v["learning_rate_rule"] != "fixed" and v["learning_rate"] != SPECS["learning_rate"].default:
+        yield FieldError(
+            "learning_rate",
+            f"es.learning_rate is not read when learning_rate_rule is "
+            f"{v['learning_rate_rule']!r} (it derives the learning rate from noise_std), got "
+            f"{show(v['learning_rate'])}: remove it or set learning_rate_rule fixed",
+        )
+
+
 def _every_steps_rule(kind: str) -> None:
     """`<kind>_strategy: steps` needs `<kind>_steps`; the same rule for eval and save."""
     strategy, steps = f"{kind}_strategy", f"{kind}_steps"
@@ -83,6 +95,16 @@ def _every_steps_rule(kind: str) -> None:
 
 _every_steps_rule("eval")
 _every_steps_rule("save")
+
+
+@_rule("save_best_model", "eval_strategy")
+def _best_needs_eval(v: dict[str, Any]) -> Iterator[FieldError]:
+    if v["save_best_model"] and v["eval_strategy"] == "no":
+        yield FieldError(
+            "save_best_model",
+            "eval.save_best_model needs evaluations to compare, but eval_strategy is 'no': "
+            "set eval_strategy 'steps' or 'epoch', or save_best_model false",
+        )
 
 
 @_rule("eval_strategy", "eval_file")
@@ -310,6 +332,16 @@ def run_name_problem(name: str) -> str | None:
         f"must be 1 to 100 letters, digits, '_', '-', '.' or inner spaces, starting with a "
         f"letter, digit or '_', got {name[:100]!r}"
     )
+
+
+@_rule("report_to")
+def _report_to(v: dict[str, Any]) -> Iterator[FieldError]:
+    from engine.reporters import parse_report_to
+
+    try:
+        parse_report_to(v["report_to"])
+    except ValueError as exc:
+        yield FieldError("report_to", f"logging.report_to {exc}")
 
 
 @_rule("run_name")

@@ -24,6 +24,7 @@ STRATEGIES = ("no", "steps", "epoch")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 SCHEDULE_TYPES = tuple(SCHEDULES)
 SHAPER_NAMES = tuple(SHAPERS)
+LEARNING_RATE_RULES = ("fixed", "es_at_scale")
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,14 @@ class EsConfig:
         "default model) to show learning in minutes. 0 leaves the weights unchanged.",
         min_value=0.0,
     )
+    learning_rate_rule: str = option(
+        "fixed",
+        "fixed: learning_rate as given. es_at_scale: ES at Scale's default step, alpha = "
+        "sigma / 2 in its update theta += alpha / N * sum z_i eps_i, which is learning_rate "
+        "= noise_std^2 / 2 here (5e-7 at noise_std 1e-3); lr_scheduler_type starts from it "
+        "and learning_rate itself is not read.",
+        choices=LEARNING_RATE_RULES,
+    )
     lr_scheduler_type: str = option(
         "constant", "How learning_rate changes over training.", choices=SCHEDULE_TYPES
     )
@@ -176,6 +185,21 @@ class EsConfig:
         "average, instead of shaping each member's mean reward.",
         methods=("es",),
     )
+
+    @property
+    def initial_learning_rate(self) -> float:
+        """The learning rate at step 0, where learning_rate_rule says it comes from."""
+        return initial_learning_rate(self.learning_rate_rule, self.learning_rate, self.noise_std)
+
+
+def initial_learning_rate(rule: str, learning_rate: float, noise_std: float) -> float:
+    """The learning rate at step 0 under `rule` (learning_rate_rule); for a stored flat
+    configuration too (the dashboard's planned schedule)."""
+    if rule == "es_at_scale":
+        # VsonicV/es-at-scale, es_at_scale/train.py: alpha -1 means sigma / 2, and its step
+        # alpha / N equals lr / (N * sigma) of ES Lab's update (docs/algorithms.md).
+        return noise_std**2 / 2
+    return learning_rate
 
 
 @dataclass(frozen=True)
@@ -222,6 +246,16 @@ class RewardConfig:
         "engine.rewards or in a module or folder listed in ESLAB_REWARD_MODULES, called "
         "with the reward_func_args its signature names. Required unless reward_source is "
         "scorer or ensemble.",
+    )
+    reward_timeout_seconds: float | None = option(
+        10.0,
+        "Seconds one reward function call may take on one completion before the run "
+        "stops with an error naming the function and the sample (ES at Scale's default "
+        "is 10; it scores such a completion 0 instead). Reward functions then run in a "
+        "child process that can be killed; None runs them in the trainer's own process "
+        "with no limit.",
+        min_value=0.0,
+        exclusive_min=True,
     )
 
 
@@ -384,6 +418,12 @@ class EvalConfig:
     save_total_limit: int = option(
         3, "Checkpoints kept on disk; the oldest are removed.", min_value=1
     )
+    save_best_model: bool = option(
+        False,
+        "Save a checkpoint at every evaluation whose mean eval reward beats all earlier ones "
+        "(the untrained model's included) and never remove the best one; the final model "
+        "is still the last step's (ES at Scale's save_best_models).",
+    )
 
 
 @dataclass(frozen=True)
@@ -392,6 +432,13 @@ class LoggingConfig:
 
     logging_steps: int = option(1, "Steps between metric reports.", min_value=1)
     run_name: str | None = option(None, "Display name of the run; None lets ES Lab pick one.")
+    report_to: str | None = option(
+        None,
+        "Experiment trackers that also get every metric, comma-separated: tensorboard "
+        "(event files in output_dir/tensorboard; the `tensorboard` extra) and wandb "
+        "(Weights & Biases, files in output_dir/wandb, WANDB_MODE=offline keeps them on "
+        "disk; the `wandb` extra). None or none: ES Lab's own store only.",
+    )
 
 
 _LORA_DEFAULT_MODULES = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"

@@ -2,6 +2,8 @@
 
 Rewards are computed on the completion text only, never on prompt + completion; a reward
 function that fails or returns a non-finite value raises (engine.rewards.score_completion).
+With a time limit (`reward_timeout_seconds`) they run in a child process that is killed when
+one completion takes longer (engine/scoring/reward_process.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.rewards import load_reward_function, score_completion
+from engine.scoring.reward_process import score_in_process
 
 if TYPE_CHECKING:
     from engine.backends.base import Completion
@@ -42,22 +45,27 @@ def score_batch(
     reward_func_args: list[dict[str, Any]],
     reward_func_path: str,
     description: str,
+    timeout_s: float | None = None,
 ) -> ScoredBatch:
-    func = load_reward_function(reward_func_path)
+    """`timeout_s` None scores in this process, with no time limit."""
     num_prompts, n = len(outputs), len(outputs[0]) if outputs else 0
+    items = [
+        (completion.text, args, f"{description}, prompt {b} sample {j}")
+        for b, (completions, args) in enumerate(zip(outputs, reward_func_args, strict=True))
+        for j, completion in enumerate(completions)
+    ]
+    if timeout_s is None:
+        func = load_reward_function(reward_func_path)
+        scored = [score_completion(func, t, a, sample_description=d) for t, a, d in items]
+    else:
+        scored = score_in_process(reward_func_path, items, timeout_s)
     rewards = np.zeros((num_prompts, n))
     parts: dict[str, np.ndarray] = {}
-    for b, (completions, args) in enumerate(zip(outputs, reward_func_args, strict=True)):
-        for j, completion in enumerate(completions):
-            scores = score_completion(
-                func,
-                completion.text,
-                args,
-                sample_description=f"{description}, prompt {b} sample {j}",
-            )
-            rewards[b, j] = scores.pop("reward")
-            for name, value in scores.items():
-                parts.setdefault(name, np.full((num_prompts, n), np.nan))[b, j] = value
+    for i, scores in enumerate(scored):
+        b, j = divmod(i, n)
+        rewards[b, j] = scores.pop("reward")
+        for name, value in scores.items():
+            parts.setdefault(name, np.full((num_prompts, n), np.nan))[b, j] = value
     return ScoredBatch(
         texts=[[c.text for c in completions] for completions in outputs],
         rewards=rewards,

@@ -56,6 +56,7 @@ class RewardSources:
     scorer_batch_size: int = 16
     scorer_timeout_s: float = 60.0
     scorer_retries: int = 2
+    reward_timeout_s: float | None = None  # for the reward functions (reward_timeout_seconds)
 
     @classmethod
     def from_config(cls, config: RunConfig) -> RewardSources | None:
@@ -74,6 +75,7 @@ class RewardSources:
             scorer_batch_size=a.scorer_batch_size,
             scorer_timeout_s=a.scorer_timeout_s,
             scorer_retries=a.scorer_retries,
+            reward_timeout_s=config.reward.reward_timeout_seconds,
         )
 
     def client(self, url: str) -> ScorerClient:
@@ -103,7 +105,7 @@ class RewardSources:
             scorer_rewards, costs = self.client(self.scorer_url).score(context, texts)
 
         def by_function(path: str) -> ScoredBatch:
-            return score_batch(outputs, reward_func_args, path, description)
+            return score_batch(outputs, reward_func_args, path, description, self.reward_timeout_s)
 
         parts: dict[str, np.ndarray] = {}
         if self.reward_source == "function":

@@ -3,23 +3,33 @@
 checkpoint-STEP/ holds the serving weights as a Hugging Face folder, the fp32 master copy
 (what a resume reads), the trained adapter with `perturbation: lora`, and the trainer state.
 All randomness derives from (seed, step, position), so no RNG state has to be kept.
+
+With `save_best_model`, an evaluation whose mean reward beats every earlier one (the untrained
+model's included, as ES at Scale's eval_step compares from -inf) saves that step's checkpoint,
+and save_total_limit never removes it: Hugging Face Trainer's best_model_checkpoint, which
+every later checkpoint's state records (best_step, best_metric) and `best_checkpoint` reads
+back.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from engine import metrics as mk
 from engine.backends.pool import EnginePool
 from engine.batches import Position
 from engine.config import RunConfig
 from engine.lowrank.population import LoraPopulation
-from engine.sink import Sink
+from engine.sink import Sink, StepReport
 
 STATE_FILE = "trainer_state.json"
 MASTER_DIR = "master"
+BEST_METRIC = mk.reward_key(mk.EVAL)
+"""What save_best_model compares: the eval set's mean reward; higher is better."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +44,14 @@ class TrainerState:
     @property
     def position(self) -> Position:
         return Position(self.epoch, self.batch)
+
+
+@dataclass(frozen=True)
+class Best:
+    """save_best_model: the step of the best evaluation so far and its BEST_METRIC."""
+
+    best_step: int
+    best_metric: float
 
 
 class Checkpoints:
@@ -51,23 +69,59 @@ class Checkpoints:
         self.config, self.pool, self.output_dir = config, pool, output_dir
         self.lora, self.sink = lora, sink
         self.saved = -1
+        self.best: Best | None = None
 
     def resume(self, path: str | Path) -> TrainerState:
         state = load_checkpoint(Path(path), self.pool, self.lora)
+        self.best = read_best(Path(path))
         self.sink.log_event("info", f"resumed from {path} at step {state.global_step}")
         return state
 
     def save(self, state: TrainerState) -> None:
-        """The save strategy's checkpoint."""
-        path = save_checkpoint(self.config, self.pool, state, self.output_dir, self.lora)
+        """The save strategy's checkpoint, unless this step's is saved already (the best)."""
+        if self.saved == state.global_step:
+            return
+        path = save_checkpoint(
+            self.config, self.pool, state, self.output_dir, self.lora, best=self.best
+        )
         self.sink.log_checkpoint(state.global_step, str(path))
         self.saved = state.global_step
+
+    def keep_if_best(self, state: TrainerState, evaluation: StepReport) -> None:
+        """With save_best_model: when `evaluation` (of `state`'s step) beats the best so far,
+        save this step's checkpoint as the new best (strictly better: a tie keeps the
+        earlier)."""
+        value = evaluation.metrics.get(BEST_METRIC)
+        if not self.config.eval.save_best_model or value is None or not math.isfinite(value):
+            return
+        previous = self.best
+        if previous is not None and value <= previous.best_metric:
+            return
+        self.best = Best(state.global_step, value)
+        self.saved = -1  # a regular save of this step did not know it was the best
+        self.save(state)
+        before = (
+            "the first evaluation"
+            if previous is None
+            else f"previous best {previous.best_metric:.6g} at step {previous.best_step}"
+        )
+        self.sink.log_event(
+            "info",
+            f"best model so far: checkpoint-{state.global_step}, {BEST_METRIC} {value:.6g} "
+            f"({before})",
+        )
 
     def save_for_resume(self, state: TrainerState) -> None:
         """A stop's checkpoint, unless the save strategy just saved this step."""
         if self.saved != state.global_step:
             path = save_checkpoint(
-                self.config, self.pool, state, self.output_dir, self.lora, for_resume_only=True
+                self.config,
+                self.pool,
+                state,
+                self.output_dir,
+                self.lora,
+                for_resume_only=True,
+                best=self.best,
             )
             self.sink.log_checkpoint(state.global_step, str(path))
 
@@ -88,12 +142,14 @@ def save_checkpoint(
     lora: LoraPopulation | None = None,
     *,
     for_resume_only: bool = False,
+    best: Best | None = None,
 ) -> Path:
     """checkpoint-STEP/ in output_dir; only save_total_limit are kept.
 
     A stop (cancel) checkpoint is `for_resume_only`: master and state, no Hugging Face
     folder. Writing that folder takes seconds (3.4 s for the 135M model here) that a cancel
-    should not wait for, and a resume reads only the master."""
+    should not wait for, and a resume reads only the master. The `best` checkpoint
+    (save_best_model) is recorded in the state and kept besides the save_total_limit newest."""
     path = output_dir / f"checkpoint-{state.global_step}"
     partial = output_dir / f".checkpoint-{state.global_step}.partial"
     shutil.rmtree(partial, ignore_errors=True)
@@ -103,11 +159,16 @@ def save_checkpoint(
     if lora is not None:
         lora.save(partial)  # adapter mode: the trained adapter
     (partial / STATE_FILE).write_text(
-        json.dumps({**asdict(state), "config": config.to_flat()}, indent=2)
+        json.dumps(
+            {**asdict(state), **(asdict(best) if best else {}), "config": config.to_flat()},
+            indent=2,
+        )
     )
     shutil.rmtree(path, ignore_errors=True)
     partial.rename(path)  # a checkpoint folder is complete or absent, never half-written
-    for old in list_checkpoints(output_dir)[: -config.eval.save_total_limit]:
+    kept = f"checkpoint-{best.best_step}" if best else None
+    rotated = [p for p in list_checkpoints(output_dir) if p.name != kept]
+    for old in rotated[: -config.eval.save_total_limit]:
         shutil.rmtree(old)
     return path
 
@@ -133,3 +194,22 @@ def load_checkpoint(
         batch=data["batch"],
         alignment=data.get("alignment"),
     )
+
+
+def read_best(path: Path) -> Best | None:
+    """The best checkpoint that checkpoint `path` knew of (save_best_model), or None."""
+    data = json.loads((path / STATE_FILE).read_text())
+    if data.get("best_step") is None:
+        return None
+    return Best(data["best_step"], data["best_metric"])
+
+
+def best_checkpoint(output_dir: Path) -> Path | None:
+    """The best checkpoint of save_best_model, as the newest checkpoint's state records it;
+    None when there is none (or the option was off)."""
+    found = list_checkpoints(output_dir)
+    best = read_best(found[-1]) if found else None
+    if best is None:
+        return None
+    path = output_dir / f"checkpoint-{best.best_step}"
+    return path if (path / STATE_FILE).is_file() else None

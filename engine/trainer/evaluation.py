@@ -34,6 +34,7 @@ def evaluate(
         ),
         description=f"evaluation at step {step}",
         sources=RewardSources.from_config(config),
+        reward_timeout_s=config.reward.reward_timeout_seconds,
     )
     result = task(pool)
     metrics = {

@@ -20,8 +20,9 @@ from engine.backends.pool import EnginePool
 from engine.config import RunConfig
 from engine.lowrank.population import LoraPopulation
 from engine.paths import resolve_path
+from engine.reporters import open_reporters
 from engine.schedules import schedule_value
-from engine.sink import Sink
+from engine.sink import FanoutSink, Sink
 from engine.trainer.checkpoints import Checkpoints, TrainerState
 from engine.trainer.es_step import es_step
 from engine.trainer.evaluation import evaluate
@@ -49,10 +50,12 @@ def train(
     data = load_data(config)
     output_dir = resolve_path(config.data.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    # report_to's trackers first: a missing extra fails before the engines start.
+    sink = FanoutSink(sink, open_reporters(config, output_dir))
     owns_pool = pool is None
-    pool = pool or start_pool(config)
     lora = None
     try:
+        pool = pool or start_pool(config)
         lora = start_lora(config, sink)
         checkpoints = Checkpoints(config, pool, output_dir, lora, sink)
         state = TrainerState() if resume_from is None else checkpoints.resume(resume_from)
@@ -60,7 +63,9 @@ def train(
         step_fn = _step_function(config, lora, aligner)
         evaluating = config.eval.eval_strategy != "no"
         if evaluating and config.eval.eval_before_train and state.global_step == 0:
-            sink.log_step(evaluate(config, pool, data.eval_set, step=0, aligner=aligner))
+            baseline = evaluate(config, pool, data.eval_set, step=0, aligner=aligner)
+            sink.log_step(baseline)
+            checkpoints.keep_if_best(state, baseline)
 
         # -- the loop
         # Each pass draws one batch, as nlp-waseda/lbes's loop over epochs and batches: the run
@@ -130,6 +135,8 @@ def train(
             )
             if logging_due(config, step, data.total_steps) or last:
                 sink.log_step(report)
+            if evaluation is not None:
+                checkpoints.keep_if_best(state, evaluation)
             if _due(
                 config.eval.save_strategy,
                 config.eval.save_steps,
@@ -148,8 +155,9 @@ def train(
     finally:
         if lora is not None:
             lora.close()
-        if owns_pool:
+        if owns_pool and pool is not None:
             pool.shutdown()
+        sink.close()
 
 
 def current_schedules(config: RunConfig, step: int, total_steps: int) -> tuple[float, float]:
@@ -166,7 +174,7 @@ def current_schedules(config: RunConfig, step: int, total_steps: int) -> tuple[f
     )
     learning_rate = schedule_value(
         es.lr_scheduler_type,
-        es.learning_rate,
+        es.initial_learning_rate,
         es.lr_final,
         step,
         total_steps,
@@ -218,7 +226,9 @@ def _after_skip(
         return strategy == "epoch" and (epoch_ended or last)
 
     if due(config.eval.eval_strategy, config.eval.eval_steps):
-        sink.log_step(evaluate(config, pool, data.eval_set, step=step))
+        evaluation = evaluate(config, pool, data.eval_set, step=step)
+        sink.log_step(evaluation)
+        checkpoints.keep_if_best(state, evaluation)
     if due(config.eval.save_strategy, config.eval.save_steps):
         checkpoints.save(state)
 
