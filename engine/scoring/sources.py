@@ -55,6 +55,8 @@ class RewardSources:
     scorer_batch_size: int = 16
     scorer_timeout_s: float = 60.0
     scorer_retries: int = 2
+    ensemble_ddof: int = TRAINING_DDOF
+    """uwo's variance: training keeps the reference's PPO form; best-of-n passes BON_DDOF."""
 
     @classmethod
     def from_config(cls, config: RunConfig) -> RewardSources | None:
@@ -123,7 +125,7 @@ class RewardSources:
                 parts[f"member/{name}"] = values
                 scores.append(values)
             rewards = combine(
-                np.stack(scores), self.ensemble_method, self.uwo_weight, ddof=TRAINING_DDOF
+                np.stack(scores), self.ensemble_method, self.uwo_weight, ddof=self.ensemble_ddof
             )
         if costs is not None:
             parts[COST] = costs.reshape(shape)

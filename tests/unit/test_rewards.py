@@ -132,7 +132,6 @@ def test_gsm8k_scores(completion, ground_truth, expected):
     assert score == pytest.approx(expected)
 
 
-
 def reference_gsm8k(completion_text: str, ground_truth: str) -> dict[str, float]:
     """A copy of nlp-waseda/lbes `src/reward_funcs/gsm8k.py` `compute_score`."""
     import re
