@@ -129,13 +129,7 @@ class RewardSources:
             )
         if costs is not None:
             parts[COST] = costs.reshape(shape)
-        return ScoredBatch(
-            texts=[[c.text for c in cs] for cs in outputs],
-            rewards=rewards,
-            parts=parts,
-            num_tokens=np.array([[c.num_tokens for c in cs] for cs in outputs], dtype=np.int64),
-            clipped=np.array([[not c.finished for c in cs] for cs in outputs], dtype=bool),
-        )
+        return ScoredBatch.of(outputs, rewards, parts)
 
 
 def _context(prompt: list[dict[str, str]]) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from engine.backends.pool import EnginePool
@@ -17,6 +17,7 @@ from engine.batches import Position
 from engine.config import RunConfig
 from engine.lowrank.population import LoraPopulation
 from engine.sink import Sink
+from engine.trainer.reporting import Totals
 
 STATE_FILE = "trainer_state.json"
 MASTER_DIR = "master"
@@ -30,6 +31,7 @@ class TrainerState:
     epoch: int = 0
     batch: int = 0
     alignment: dict | None = None  # Aligner.snapshot(): lambda and its J_C average
+    totals: Totals = field(default_factory=Totals)  # train/num_tokens, time/total so far
 
     @property
     def position(self) -> Position:
@@ -132,4 +134,5 @@ def load_checkpoint(
         epoch=data["epoch"],
         batch=data["batch"],
         alignment=data.get("alignment"),
+        totals=Totals(**data.get("totals", {})),
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from engine.alignment.aligner import Aligner
@@ -90,7 +91,9 @@ def train(
                 ) from None
             if report is None:
                 # LBES found nothing informative: the step and the schedules do not advance.
-                state = TrainerState(state.global_step, position.epoch, position.batch)
+                state = TrainerState(
+                    state.global_step, position.epoch, position.batch, totals=state.totals
+                )
                 skipped += 1
                 _warn_skipped(sink, state.global_step + 1, skipped, data.batches.per_epoch)
                 continue
@@ -100,6 +103,7 @@ def train(
                 position.epoch,
                 position.batch,
                 aligner.snapshot() if aligner is not None else None,
+                state.totals,
             )
             step = state.global_step
             evaluation = (
@@ -113,14 +117,16 @@ def train(
                 )
                 else None
             )
-            report = step_report(
+            report, totals = step_report(
                 report,
                 noise_std=noise_std,
                 learning_rate=learning_rate,
                 epoch=data.epoch(position),
                 evaluation=evaluation,
                 started=started,
+                totals=state.totals,
             )
+            state = replace(state, totals=totals)
             if logging_due(config, step, data.total_steps):
                 sink.log_step(report)
             if _due(

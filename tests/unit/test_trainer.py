@@ -24,6 +24,7 @@ class ToyCompletion:
     text: str
     num_tokens: int
     finished: bool
+    prompt_tokens: int = 3
 
 
 class ToyEngine:
