@@ -49,6 +49,15 @@ PHASES = (
 )
 
 
+RATES = (TOKENS_PER_SECOND, SAMPLES_PER_SECOND, EVAL_RUNTIME, EVAL_SAMPLES_PER_SECOND)
+
+
+def depends_on_wall_clock(key: str) -> bool:
+    """Timings and rates: the keys whose values differ between two runs of the same seed,
+    which a reproducibility check leaves out."""
+    return key.startswith("time/") or key in RATES
+
+
 def time_key(phase: str) -> str:
     if phase not in PHASES:
         raise KeyError(f"unknown phase {phase!r}; known: {', '.join(PHASES)}")
