@@ -22,6 +22,7 @@ from engine.data.datasets import load_dataset
 from engine.paths import data_dir, default_model_dir
 from engine.sink import MemorySink
 from engine.trainer import train
+from engine.trainer.reporting import completion_tokens
 
 PHASES = ("generation", "perturb", "restore", "reward", "logprobs", "update")
 
@@ -69,7 +70,7 @@ def baseline_seconds(pool: EnginePool, args: argparse.Namespace, method: str) ->
 def report(method: str, sink: MemorySink, baseline: tuple[float, int]) -> None:
     measured = [s.metrics for s in sink.steps[1:]]
     step_s = float(np.mean([m[mk.time_key("step")] for m in measured]))
-    tokens = float(np.mean([m["train/num_tokens"] for m in measured]))
+    tokens = float(np.mean([completion_tokens(s) for s in sink.steps[1:]]))
     base_s, base_tokens = baseline
     print(f"\n{method.upper()}: {len(measured)} measured steps")
     print(f"  iteration time          {step_s:8.2f} s")

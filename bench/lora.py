@@ -46,6 +46,7 @@ from engine.lowrank.population import engine_args
 from engine.paths import data_dir, default_model_dir
 from engine.sink import MemorySink
 from engine.trainer import train
+from engine.trainer.reporting import completion_tokens
 
 TRAIN_FILE = data_dir() / "conciseness" / "train.parquet"
 INPUT_MASTER = "/tmp/eslab-bench-lora/input-master"
@@ -149,7 +150,8 @@ def measure(
         train(cfg, sink, pool=pool)
     finally:
         del pool.generate  # the method again
-    steps = [s.metrics for s in sink.steps[args.warmup :]]
+    reports = sink.steps[args.warmup :]
+    steps = [s.metrics for s in reports]
 
     def mean(key: str) -> float:
         return float(np.mean([s.get(key, 0.0) for s in steps]))
@@ -158,7 +160,7 @@ def measure(
         mode,
         cfg.es.population_size,
         [s[mk.time_key("step")] for s in steps],
-        mean("train/num_tokens"),
+        float(np.mean([completion_tokens(r) for r in reports])),
         mean(mk.time_key("generation")),
         mean(mk.time_key("perturb")),
         mean(mk.time_key("update")),

@@ -9,15 +9,19 @@ EVAL = "eval"
 NOISE_STD = "train/noise_std"
 LEARNING_RATE = "train/learning_rate"
 EPOCH = "train/epoch"
-NUM_TOKENS = "train/num_tokens"
+NUM_TOKENS = "train/num_tokens"  # cumulative over the run: prompt (once a sample) + completion
 TOKENS_PER_SECOND = "train/tokens_per_second"
 SAMPLES_PER_SECOND = "train/samples_per_second"
 FRAC_REWARD_ZERO_STD = "train/frac_reward_zero_std"
 RETAINED_PROMPT_RATIO = "train/retained_prompt_ratio"
 RETAINED_REWARD_RATIO = "train/retained_reward_ratio"
 CORRELATION_MEAN = "train/correlation/mean"
-UPDATE_NORM = "train/update/coefficient_norm"
+POPULATION_REWARD = "population_reward"
+"""ES: the part name of the statistics over the members' mean rewards (`train/population_reward/
+std`, ...), where `train/reward/std` is the reference's spread of each sample's reward."""
 EVAL_RUNTIME = "eval/runtime"
+EVAL_SAMPLES_PER_SECOND = "eval/samples_per_second"
+TIME_TOTAL = "time/total"  # cumulative time/step over the run
 LORA_RANK = "train/lora/rank"
 """Rank of the members' perturbation; logged only by runs with perturbation lora, so its
 presence marks the mode on the dashboard's charts."""
@@ -42,10 +46,17 @@ PHASES = (
     "reward",
     "logprobs",
     "update",
-    "eval",
-    "save",
     "step",
 )
+
+
+RATES = (TOKENS_PER_SECOND, SAMPLES_PER_SECOND, EVAL_RUNTIME, EVAL_SAMPLES_PER_SECOND)
+
+
+def depends_on_wall_clock(key: str) -> bool:
+    """Timings and rates: the keys whose values differ between two runs of the same seed,
+    which a reproducibility check leaves out."""
+    return key.startswith("time/") or key in RATES
 
 
 def time_key(phase: str) -> str:
@@ -62,6 +73,21 @@ def reward_key(split: str, part: str = "reward", stat: str = "mean") -> str:
     return f"{split}/{part}/{stat}"
 
 
+COMPLETION_STATS = (
+    "mean_length",
+    "min_length",
+    "max_length",
+    "clipped_ratio",
+    "mean_terminated_length",
+    "min_terminated_length",
+    "max_terminated_length",
+)
+
+
 def completion_key(split: str, stat: str) -> str:
-    """Completion lengths in tokens (`mean_length`, `min_length`, ...) and `clipped_ratio`."""
+    """Completion lengths in tokens (`mean_length`, ..., `mean_terminated_length`: of the
+    completions the model ended itself) and `clipped_ratio`."""
+    if stat not in COMPLETION_STATS:
+        known = ", ".join(COMPLETION_STATS)
+        raise KeyError(f"unknown completion statistic {stat!r}; known: {known}")
     return f"{split}/completions/{stat}"

@@ -53,6 +53,11 @@ class StepReport:
     population: list[PopulationRecord] = field(default_factory=list)
     samples: list[SampleRecord] = field(default_factory=list)
     wall_time: float = field(default_factory=time.time)
+    num_tokens: int = 0
+    """Prompt and completion tokens the step generated, a prompt once per sample."""
+    num_samples: int = 0
+    """Completions the step generated. With num_tokens, what the trainer's step_report turns
+    into the run's cumulative `train/num_tokens` and the per-second rates."""
 
 
 class Sink(Protocol):

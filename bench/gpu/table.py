@@ -18,7 +18,8 @@ from pathlib import Path
 
 PHASES = ("generation", "perturb", "restore", "reward", "update")
 BATCH = 256
-STEP, TOKENS = "time/step", "train/num_tokens"
+STEP = "time/step"
+TOKENS = "train/num_tokens"  # in these rows: completion tokens a step (older results too)
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

@@ -37,9 +37,10 @@ from engine.lowrank.population import engine_args
 from engine.paths import data_dir
 from engine.sink import MemorySink
 from engine.trainer import train
+from engine.trainer.reporting import completion_tokens
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from table import BATCH, PHASES, print_table
+from table import BATCH, PHASES, TOKENS, print_table
 
 TRAIN_FILE = data_dir() / "conciseness" / "train.parquet"
 
@@ -79,8 +80,10 @@ def es_iteration(pool: EnginePool, config: RunConfig) -> dict[str, float]:
     sink = MemorySink()
     train(config, sink, pool=pool)
     measured = [s.metrics for s in sink.steps[1:]]
-    keys = [mk.time_key("step"), mk.NUM_TOKENS, *(mk.time_key(p) for p in PHASES)]
-    return {k: float(np.mean([m.get(k, 0.0) for m in measured])) for k in keys}
+    keys = [mk.time_key("step"), *(mk.time_key(p) for p in PHASES)]
+    means = {k: float(np.mean([m.get(k, 0.0) for m in measured])) for k in keys}
+    generated = [completion_tokens(s) for s in sink.steps[1:]]  # the table's tokens column
+    return {**means, TOKENS: float(np.mean(generated))}
 
 
 def weight_ops(pool: EnginePool, population: int, repeats: int = 10) -> dict[str, float]:

@@ -47,6 +47,9 @@ class Completion:
     finished: bool
     """True when the model stopped by itself; False when max_tokens clipped it."""
     token_ids: tuple[int, ...] = ()
+    prompt_tokens: int = 0
+    """Tokens of the prompt it continues (chat template included): the reference's
+    `train/num_tokens` counts them once per sample."""
 
 
 @runtime_checkable

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from engine.config import RunConfig
 from engine.data.datasets import Example, load_dataset
 from engine.model_files import ModelError
 from engine.paths import resolve_path
+from engine.scoring.ensembles import BON_DDOF
 from engine.scoring.sources import RewardSources
 
 RUN_PROXY = "run"
@@ -37,11 +39,14 @@ def checkpoint_config(checkpoint: Path) -> RunConfig:
 
 
 def source_for(spec: str, config: RunConfig) -> RewardSources:
-    """`run` -> the run's own reward; otherwise one reward source (path, `scorer`, URL)."""
+    """`run` -> the run's own reward; otherwise one reward source (path, `scorer`, URL).
+
+    An ensemble's uwo uses the variance of the reference's best-of-n (`np.var`, BON_DDOF),
+    not training's unbiased one: the same run's proxy scores differ between the two."""
     if spec == RUN_PROXY:
         own = RewardSources.from_config(config)
         if own is not None:
-            return own
+            return replace(own, ensemble_ddof=BON_DDOF)
         spec = config.reward.reward_func_path or ""
     a = config.alignment
     return RewardSources(
@@ -52,6 +57,7 @@ def source_for(spec: str, config: RunConfig) -> RewardSources:
         scorer_batch_size=a.scorer_batch_size,
         scorer_timeout_s=a.scorer_timeout_s,
         scorer_retries=a.scorer_retries,
+        ensemble_ddof=BON_DDOF,
     )
 
 

@@ -9,8 +9,10 @@ Semantics of nlp-waseda/lbes `src/reward_funcs/countdown.py`:
   the given numbers as a multiset (each used exactly once, no others).
 - It is evaluated exactly with `fractions.Fraction`, so `7 / 3 * 3` equals 7.
 
-reward = 0.1 * format + accuracy, where `format` is 1 when the answer is a valid expression
-of the given numbers and `accuracy` is 1 when it also equals the target: 1.1, 0.1 or 0.
+reward = format + accuracy, where `format` is 0.1 when the answer is a valid expression of
+the given numbers and `accuracy` is 1 when it also equals the target: 1.1, 0.1 or 0. The parts
+are on the reference's scale (its `format` is 0.1 too), so `train/format/mean` compares with
+the reference's chart as it is.
 A division by zero makes the expression invalid (reward 0), as in the reference. Unlike the
 reference, `numbers` is required: without it the reference skips the multiset check and
 accepts any expression that reaches the target.
@@ -24,7 +26,7 @@ from collections import Counter
 from collections.abc import Iterable
 from fractions import Fraction
 
-FORMAT_WEIGHT = 0.1
+FORMAT_REWARD = 0.1  # the reference's `format` part of a well-formed answer
 
 # DOTALL: the think block spans lines. The tag counts are checked separately, because the
 # regex alone would accept a second <answer> inside the think block.
@@ -105,16 +107,16 @@ def evaluate_expression(expression: str, numbers: Iterable[int]) -> Fraction | N
 
 
 def compute_score(completion_text: str, *, target: int, numbers: Iterable[int]) -> dict:
-    """Score one completion: {"reward": 0.1 * format + accuracy, "format": 0|1,
+    """Score one completion: {"reward": format + accuracy, "format": 0|0.1,
     "accuracy": 0|1}."""
     expression = extract_answer(completion_text)
     value = None if expression is None else evaluate_expression(expression, numbers)
     is_valid = value is not None
     is_correct = is_valid and value == int(target)
-    format_part = 1.0 if is_valid else 0.0
+    format_part = FORMAT_REWARD if is_valid else 0.0
     accuracy = 1.0 if is_correct else 0.0
     return {
-        "reward": FORMAT_WEIGHT * format_part + accuracy,
+        "reward": format_part + accuracy,
         "format": format_part,
         "accuracy": accuracy,
     }

@@ -5,14 +5,16 @@ non-empty `<think>` block, hold exactly one each of the four tags, and the answe
 integer, optionally negative and with thousands commas. Commas are ignored when comparing
 with `ground_truth`, as strings (so "1,000" matches "1000", and "42.0" does not match "42").
 
-reward = 0.1 * format + accuracy: 1.1 correct, 0.1 well formatted but wrong, 0 otherwise.
+reward = format + accuracy: 1.1 correct, 0.1 well formatted but wrong, 0 otherwise; `format`
+is 0.1 for a well-formatted answer, the reference's scale, so `train/format/mean` compares with
+the reference's chart as it is.
 """
 
 from __future__ import annotations
 
 import re
 
-FORMAT_WEIGHT = 0.1
+FORMAT_REWARD = 0.1  # the reference's `format` part of a well-formatted answer
 
 _COMPLETION = re.compile(r"^<think>.+</think>.*<answer>(-?[\d,]*\d)</answer>.*$", re.DOTALL)
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
@@ -27,16 +29,16 @@ def extract_answer(completion_text: str) -> str | None:
 
 
 def compute_score(completion_text: str, *, ground_truth: str | int) -> dict:
-    """Score one completion: {"reward": 0.1 * format + accuracy, "format": 0|1,
+    """Score one completion: {"reward": format + accuracy, "format": 0|0.1,
     "accuracy": 0|1}."""
     answer = extract_answer(completion_text)
-    format_part = 0.0 if answer is None else 1.0
+    format_part = 0.0 if answer is None else FORMAT_REWARD
     is_correct = answer is not None and answer.replace(",", "") == str(ground_truth).replace(
         ",", ""
     )
     accuracy = 1.0 if is_correct else 0.0
     return {
-        "reward": FORMAT_WEIGHT * format_part + accuracy,
+        "reward": format_part + accuracy,
         "format": format_part,
         "accuracy": accuracy,
     }

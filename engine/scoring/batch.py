@@ -8,6 +8,7 @@ one completion takes longer (engine/scoring/reward_process.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,17 +28,44 @@ class ScoredBatch:
     texts: list[list[str]]
     rewards: np.ndarray
     parts: dict[str, np.ndarray]
-    num_tokens: np.ndarray
+    num_tokens: np.ndarray  # completion tokens
     clipped: np.ndarray
+    prompt_tokens: np.ndarray  # the prompt's tokens, repeated for each of its samples
     timings: dict[str, float] = field(default_factory=dict)
     token_ids: list[list[tuple[int, ...]]] = field(default_factory=list)
     """The generated token ids [prompts][n] (stop token included), set by the task that
     generated the batch (engine.tasks.GenerateAndScore.score)."""
 
+    @classmethod
+    def of(
+        cls, outputs: list[list[Completion]], rewards: np.ndarray, parts: dict[str, np.ndarray]
+    ) -> ScoredBatch:
+        """The batch of `outputs` with the rewards and parts scored for them."""
+
+        def per_sample(value: Callable[[Completion], Any], dtype: type) -> np.ndarray:
+            return np.array([[value(c) for c in cs] for cs in outputs], dtype=dtype).reshape(
+                rewards.shape
+            )
+
+        return cls(
+            texts=[[c.text for c in completions] for completions in outputs],
+            rewards=rewards,
+            parts=parts,
+            num_tokens=per_sample(lambda c: c.num_tokens, np.int64),
+            clipped=per_sample(lambda c: not c.finished, bool),
+            prompt_tokens=per_sample(lambda c: c.prompt_tokens, np.int64),
+        )
+
     @property
     def fitness(self) -> float:
         """ES fitness of a member: its mean reward over every (prompt, sample)."""
         return float(self.rewards.mean())
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt and completion tokens, a prompt once per sample (nlp-waseda/lbes counts
+        `prompt_lengths.sum() * n + completion_lengths.sum()`)."""
+        return int(self.prompt_tokens.sum() + self.num_tokens.sum())
 
 
 def score_batch(
@@ -66,10 +94,4 @@ def score_batch(
         rewards[b, j] = scores.pop("reward")
         for name, value in scores.items():
             parts.setdefault(name, np.full((num_prompts, n), np.nan))[b, j] = value
-    return ScoredBatch(
-        texts=[[c.text for c in completions] for completions in outputs],
-        rewards=rewards,
-        parts=parts,
-        num_tokens=np.array([[c.num_tokens for c in cs] for cs in outputs], dtype=np.int64),
-        clipped=np.array([[not c.finished for c in cs] for cs in outputs], dtype=bool),
-    )
+    return ScoredBatch.of(outputs, rewards, parts)

@@ -8,8 +8,9 @@ and `src/bon/ensemble_rm.py`), over k members' scores r_1..r_k of one sample:
 - uwo (uncertainty-weighted optimization): mean_k r_k - w * Var_k r_k
 
 The reference computes the variance two ways: unbiased (`torch.var`) in its PPO reward
-functions and ddof 0 (`np.var`) in best-of-n. Training uses the PPO form (ddof 1, which needs
-k >= 2); best-of-n passes ddof=0.
+functions and ddof 0 (`np.var`) in best-of-n. Training uses the PPO form (TRAINING_DDOF, which
+needs k >= 2; engine/scoring/sources.py); `eslab bon` scores its proxy with BON_DDOF
+(engine/best_of_n/evaluation.py).
 """
 
 from __future__ import annotations

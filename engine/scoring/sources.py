@@ -57,6 +57,8 @@ class RewardSources:
     scorer_timeout_s: float = 60.0
     scorer_retries: int = 2
     reward_timeout_s: float | None = None  # for the reward functions (reward_timeout_seconds)
+    ensemble_ddof: int = TRAINING_DDOF
+    """uwo's variance: training keeps the reference's PPO form; best-of-n passes BON_DDOF."""
 
     @classmethod
     def from_config(cls, config: RunConfig) -> RewardSources | None:
@@ -126,14 +128,8 @@ class RewardSources:
                 parts[f"member/{name}"] = values
                 scores.append(values)
             rewards = combine(
-                np.stack(scores), self.ensemble_method, self.uwo_weight, ddof=TRAINING_DDOF
+                np.stack(scores), self.ensemble_method, self.uwo_weight, ddof=self.ensemble_ddof
             )
         if costs is not None:
             parts[COST] = costs.reshape(shape)
-        return ScoredBatch(
-            texts=[[c.text for c in cs] for cs in outputs],
-            rewards=rewards,
-            parts=parts,
-            num_tokens=np.array([[c.num_tokens for c in cs] for cs in outputs], dtype=np.int64),
-            clipped=np.array([[not c.finished for c in cs] for cs in outputs], dtype=bool),
-        )
+        return ScoredBatch.of(outputs, rewards, parts)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from engine import metrics as mk
@@ -25,6 +25,7 @@ from engine.batches import Position
 from engine.config import RunConfig
 from engine.lowrank.population import LoraPopulation
 from engine.sink import Sink, StepReport
+from engine.trainer.reporting import Totals
 
 STATE_FILE = "trainer_state.json"
 MASTER_DIR = "master"
@@ -40,6 +41,7 @@ class TrainerState:
     epoch: int = 0
     batch: int = 0
     alignment: dict | None = None  # Aligner.snapshot(): lambda and its J_C average
+    totals: Totals = field(default_factory=Totals)  # train/num_tokens, time/total so far
 
     @property
     def position(self) -> Position:
@@ -193,6 +195,7 @@ def load_checkpoint(
         epoch=data["epoch"],
         batch=data["batch"],
         alignment=data.get("alignment"),
+        totals=Totals(**data.get("totals", {})),
     )
 
 

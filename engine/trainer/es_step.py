@@ -29,11 +29,12 @@ from engine.sink import StepReport
 from engine.tasks import GenerateAndScore, SamplingSpec
 from engine.trainer.reporting import (
     completion_metrics,
-    part_means,
     phase_timings,
     population_records,
-    reward_stats,
+    population_reward_stats,
     sample_records,
+    stacked_parts,
+    train_score_metrics,
 )
 
 
@@ -80,9 +81,12 @@ def es_step(
 
     metrics = {
         **({mk.LORA_RANK: float(lora.rank)} if lora is not None else {}),
-        **reward_stats(mk.TRAIN, "reward", mean_rewards),
+        # lbes's spread: each (prompt, sample)'s reward across the population
+        **train_score_metrics(
+            np.stack([r.rewards for r in results]), stacked_parts(results), axis=0
+        ),
+        **population_reward_stats(mean_rewards),
         **alignment_metrics,
-        **part_means(mk.TRAIN, results),
         **completion_metrics(mk.TRAIN, results),
         **phase_timings(pool),
         mk.time_key("generation"): sum(r.timings["generation"] for r in results),
@@ -98,7 +102,14 @@ def es_step(
     records = population_records(members, fitness, shaped)
     if aligner is not None:
         records = aligner.with_scores(records, results)
-    return StepReport(step=step + 1, metrics=metrics, population=records, samples=samples)
+    return StepReport(
+        step=step + 1,
+        metrics=metrics,
+        population=records,
+        samples=samples,
+        num_tokens=sum(r.total_tokens for r in results),
+        num_samples=sum(r.rewards.size for r in results),
+    )
 
 
 def generate_task(

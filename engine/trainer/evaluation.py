@@ -12,7 +12,13 @@ from engine.data.datasets import Example
 from engine.scoring.sources import RewardSources
 from engine.sink import StepReport
 from engine.tasks import GenerateAndScore, SamplingSpec
-from engine.trainer.reporting import completion_metrics, part_means, reward_stats, sample_records
+from engine.trainer.reporting import (
+    completion_metrics,
+    finite,
+    part_means,
+    reward_stats,
+    sample_records,
+)
 
 
 def evaluate(
@@ -37,13 +43,17 @@ def evaluate(
         reward_timeout_s=config.reward.reward_timeout_seconds,
     )
     result = task(pool)
+    runtime = time.perf_counter() - start
     metrics = {
         **reward_stats(mk.EVAL, "reward", result.rewards.reshape(-1)),
         **part_means(mk.EVAL, [result]),
         **completion_metrics(mk.EVAL, [result]),
         **(aligner.eval_metrics(result) if aligner is not None else {}),
-        mk.EVAL_RUNTIME: time.perf_counter() - start,
+        mk.EVAL_RUNTIME: runtime,
+        mk.EVAL_SAMPLES_PER_SECOND: result.rewards.size / runtime,
     }
     return StepReport(
-        step=step, metrics=metrics, samples=sample_records(mk.EVAL, eval_set, result, member=None)
+        step=step,
+        metrics=finite(metrics),
+        samples=sample_records(mk.EVAL, eval_set, result, member=None),
     )

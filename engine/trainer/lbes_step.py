@@ -21,11 +21,10 @@ from engine.tasks import CompletionLogprobs
 from engine.trainer.es_step import apply_update, generate_task
 from engine.trainer.reporting import (
     completion_metrics,
-    part_means,
     phase_timings,
     population_records,
-    reward_stats,
     sample_records,
+    train_score_metrics,
 )
 
 
@@ -64,14 +63,11 @@ def lbes_step(
     shaped = shape_fitness(config.es.fitness_shaping, correlations)
     update_seconds = apply_update(pool, members, shaped, learning_rate, noise_std)
 
-    prompt_std = base.rewards.std(axis=1)  # [B]: "std" is across the n samples in LBES
     metrics = {
-        **reward_stats(mk.TRAIN, "reward", base.rewards.reshape(-1)),
-        mk.reward_key(mk.TRAIN, "reward", "std"): float(prompt_std.mean()),
-        **part_means(mk.TRAIN, [base]),
+        # "std" is across a prompt's n samples in LBES
+        **train_score_metrics(base.rewards, base.parts, axis=1),
         **completion_metrics(mk.TRAIN, [base]),
         **phase_timings(pool),
-        mk.FRAC_REWARD_ZERO_STD: float(np.mean(prompt_std == 0)),
         mk.RETAINED_PROMPT_RATIO: kept.retained_prompt_ratio,
         mk.RETAINED_REWARD_RATIO: kept.retained_reward_ratio,
         mk.CORRELATION_MEAN: float(np.nanmean(correlations))
@@ -95,7 +91,9 @@ def lbes_step(
     )
     return StepReport(
         step=step + 1,
-        metrics={k: v for k, v in metrics.items() if np.isfinite(v)},
+        metrics=metrics,
         population=population_records(members, correlations, shaped),
         samples=samples,
+        num_tokens=base.total_tokens,
+        num_samples=base.rewards.size,
     )

@@ -112,6 +112,7 @@ def train(
                 position.epoch,
                 position.batch,
                 aligner.snapshot() if aligner is not None else None,
+                state.totals,
             )
             step = state.global_step
             evaluation = (
@@ -125,14 +126,16 @@ def train(
                 )
                 else None
             )
-            report = step_report(
+            report, totals = step_report(
                 report,
                 noise_std=noise_std,
                 learning_rate=learning_rate,
                 epoch=data.epoch(position),
                 evaluation=evaluation,
                 started=started,
+                totals=state.totals,
             )
+            state = replace(state, totals=totals)
             if logging_due(config, step, data.total_steps) or last:
                 sink.log_step(report)
             if evaluation is not None:

@@ -77,7 +77,7 @@ def lora_config(tmp_path: Path, **options) -> RunConfig:
 
 
 def untimed(metrics: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in metrics.items() if not k.startswith("time/") and k != mk.EVAL_RUNTIME}
+    return {k: v for k, v in metrics.items() if not mk.depends_on_wall_clock(k)}
 
 
 def test_lora_same_seed_twice_gives_identical_metrics_in_one_call_per_step(

@@ -17,6 +17,7 @@ from engine.config import RunConfig
 from engine.paths import data_dir
 from engine.sink import MemorySink
 from engine.trainer import train
+from engine.trainer.reporting import completion_tokens
 
 pytestmark = pytest.mark.heavy
 
@@ -41,7 +42,7 @@ def conciseness_config(tmp_path: Path, **options) -> RunConfig:
 
 
 def untimed(metrics: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in metrics.items() if not k.startswith("time/") and k != mk.EVAL_RUNTIME}
+    return {k: v for k, v in metrics.items() if not mk.depends_on_wall_clock(k)}
 
 
 def test_es_on_conciseness_raises_the_mean_reward(pool, tmp_path):
@@ -121,3 +122,15 @@ def test_lbes_step_reports_filters_logprobs_and_correlations(pool, tmp_path):
     }
     assert report.metrics[mk.RETAINED_REWARD_RATIO] == 0.5
     assert all(p.fitness is None or -1 <= p.fitness <= 1 for p in report.population)
+    # train/num_tokens as the reference counts it: each prompt (chat template included) once
+    # per sample, plus the completions
+    prompts_times_n = report.num_tokens - round(completion_tokens(report))
+    assert report.metrics[mk.NUM_TOKENS] == report.num_tokens
+    assert prompts_times_n > 0 and prompts_times_n % 4 == 0
+    assert report.metrics[mk.SAMPLES_PER_SECOND] == pytest.approx(
+        8 / report.metrics[mk.time_key("step")]
+    )
+    ended = mk.completion_key(mk.TRAIN, "mean_terminated_length")
+    assert (
+        ended in report.metrics or report.metrics[mk.completion_key(mk.TRAIN, "clipped_ratio")] == 1
+    )

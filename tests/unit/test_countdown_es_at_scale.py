@@ -1,12 +1,37 @@
-"""ES at Scale's countdown grader: engine.rewards.countdown_es_at_scale against a copy of the
-reference's logic (VsonicV/es-at-scale, es_at_scale/reward_function/countdown_grader.py),
-on random and crafted completions; they must agree exactly."""
+"""ES at Scale's countdown grader: engine.rewards.countdown_es_at_scale against golden values
+of the reference (VsonicV/es-at-scale, es_at_scale/reward_function/countdown_grader.py,
+`countdown_reward_fn`), on random and crafted completions; they must agree exactly.
+
+The reference is under a non-commercial licence, so none of its code is in this repository;
+tests/unit/data/countdown_es_at_scale_golden.jsonl holds what it returned (upstream commit
+574a9d1, Python 3.11). Each line is one case: its inputs (`completion`, `numbers`, `target`,
+the target as a number or as text, as the reference's data gives it), `kind` ("crafted",
+"large_power" or "random") and the reference's `reward`, `format_reward` and `answer_reward`.
+The crafted rows are CRAFTED below, in order, with NUMBERS; the large-power row is the one
+test_a_large_power_within_the_bound_is_computed_as_the_reference_does names. The random rows
+come from 20,000 random completions (countdown-like text built from think/answer tags and
+random arithmetic over 2 to 4 numbers, sometimes slightly wrong, with targets that are often
+reachable, non-integers included; seed 20260611): every one the reference scored as answered
+(241, 41 of them with non-integer targets) and a seeded sample of the others, 1,500 in all, in
+draw order. A new random set is fine too, as long as it still reaches every branch (the test
+counts them).
+
+To regenerate the expected values, in a scratch directory outside this repository: fetch the
+reference's countdown_grader.py, and for each line of the fixture call its
+`countdown_reward_fn(completion, {"numbers": numbers, "target": target})`, which returns
+`(parts, reward)`; write back `reward`, `parts["format_reward"]` and `parts["answer_reward"]`,
+keeping the inputs, as compact JSON, one line a case (floats written as Python's json writes
+them, so they read back exactly; the SyntaxWarning its `eval` gives "(44)(19)" is harmless).
+To add a case, append its inputs and do the same; a crafted case goes both into CRAFTED and,
+at the same place, into the fixture.
+"""
 
 from __future__ import annotations
 
-import random
+import json
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,153 +39,54 @@ import pytest
 from engine.rewards import BUILTIN_REWARDS, load_reward_function, score_completion
 from engine.rewards.countdown_es_at_scale import MAX_POWER_BITS, compute_score
 
-# The reference's eval warns of "(2)(3)" (a call of an int); its result is still an error.
-pytestmark = pytest.mark.filterwarnings("ignore::SyntaxWarning")
-
-# --- a copy of the reference's logic (only the unused end_token argument left out) ----------
+GOLDEN_FILE = Path(__file__).parent / "data" / "countdown_es_at_scale_golden.jsonl"
+STALE = f"{GOLDEN_FILE.name} does not hold this test's inputs: regenerate it (see the docstring)"
 
 
-def ref_format_reward_function(response: str) -> float:
-    think_regex = r"<think>.*?<\/think>"
-    answer_regex = r"<answer>.*?<\/answer>"
-    full_format_regex = r"^<think>.*?<\/think>\n<answer>.*?<\/answer>$"
-    if re.match(full_format_regex, response, re.DOTALL):
-        return 1.0
-    reward = 0.0
-    if re.search(think_regex, response, re.DOTALL):
-        reward += 0.1
-    if re.search(answer_regex, response, re.DOTALL):
-        reward += 0.5
-    return reward
+def _load_golden() -> list[dict[str, Any]]:
+    with GOLDEN_FILE.open(encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines if line.strip()]
 
 
-def ref_answer_reward_function(response: str, numbers: list[int], target: Any) -> float:
-    all_matches = re.findall(r"<answer>(.*?)<\/answer>", response, re.DOTALL)
-    if not all_matches:
-        return 0.0
-    answer_content = all_matches[-1].strip()
-    if not answer_content:
-        return 0.0
-    if not re.match(r"^[0-9+\-*/() ]+$", answer_content):
-        return 0.0
-    used_numbers = [int(n) for n in re.findall(r"\d+", answer_content)]
-    if sorted(used_numbers) != sorted(numbers):
-        return 0.0
-    try:
-        result = eval(answer_content, {"__builtins__": None}, {})  # the reference's own eval
-        if abs(float(result) - float(target)) < 1e-5:
-            return 1.0
-    except Exception:
-        return 0.0
-    return 0.0
+GOLDEN = _load_golden()
 
 
-def ref_coerce_number(x: Any) -> Any:
-    if isinstance(x, int | float):
-        return x
-    f = float(str(x).strip())
-    return int(f) if f.is_integer() else f
+def golden_rows(kind: str) -> list[dict[str, Any]]:
+    return [row for row in GOLDEN if row["kind"] == kind]
 
 
-def ref_countdown_reward_fn(model_response: str, gt_answer: dict) -> tuple[dict, float]:
-    numbers, target_value = list(gt_answer["numbers"]), ref_coerce_number(gt_answer["target"])
-    format_reward = ref_format_reward_function("<think>" + model_response)
-    answer_reward = ref_answer_reward_function(model_response, numbers, target_value)
-    fmt = {"format_reward": format_reward, "answer_reward": answer_reward}
-    return fmt, 0.1 * format_reward + answer_reward
+def expected_of(row: dict[str, Any]) -> dict[str, float]:
+    """The reference's scores for the row."""
+    return {
+        "reward": row["reward"],
+        "format_reward": row["format_reward"],
+        "answer_reward": row["answer_reward"],
+    }
 
 
-def assert_agrees(completion: str, numbers: list[int], target: Any) -> dict[str, float]:
-    fmt, total = ref_countdown_reward_fn(completion, {"numbers": numbers, "target": target})
-    ours = compute_score(completion, numbers=numbers, target=target)
-    expected = {"reward": total, **fmt}
-    assert ours == expected, (completion, numbers, target)
-    return ours
-
-
-# --- random completions ---------------------------------------------------------------------
-
-OPS = ["+", "-", "*", "/", "+", "-", "*", "/", "//"]
-
-
-def random_expression(rng: random.Random, numbers: list[int]) -> str:
-    """A random arithmetic text over `numbers`, sometimes slightly wrong (a number missing or
-    added, a leading zero, a tuple or a call, a stray character), with at most one power
-    whose exponent is one literal, so the reference's eval always finishes quickly."""
-    items = [str(n) for n in numbers]
-    if rng.random() < 0.1:
-        items.pop(rng.randrange(len(items)))
-    if rng.random() < 0.1:
-        items.append(str(rng.randint(1, 99)))
-    if rng.random() < 0.05:
-        items[0] = "0" + items[0]
-    rng.shuffle(items)
-    power_left = rng.random() < 0.15
-    while len(items) > 1:
-        i = rng.randrange(len(items) - 1)
-        a, b = items[i], items[i + 1]
-        op = rng.choice(OPS)
-        if power_left and b.isdigit():
-            op, power_left = "**", False
-        if rng.random() < 0.2:
-            b = "-" + b if rng.random() < 0.5 else "(-" + b + ")"
-        text = f"{a} {op} {b}" if rng.random() < 0.5 else f"{a}{op}{b}"
-        items[i : i + 2] = [f"({text})" if rng.random() < 0.7 else text]
-    expression = items[0] if items else ""
-    roll = rng.random()
-    if roll < 0.03:
-        expression += " + ()"
-    elif roll < 0.06:
-        expression = f"({expression})(2)"
-    elif roll < 0.09:
-        expression += " = " + str(rng.randint(1, 99))
-    elif roll < 0.11:
-        expression = f"  {expression}\n"
-    return expression
-
-
-def random_completion(rng: random.Random, numbers: list[int]) -> str:
-    pieces = [
-        lambda: "<think>",
-        lambda: "</think>",
-        lambda: "<answer>",
-        lambda: "</answer>",
-        lambda: "\n",
-        lambda: " Let me try. ",
-        lambda: random_expression(rng, numbers),
-        lambda: f"<answer>{random_expression(rng, numbers)}</answer>",
-        lambda: f"I add them.</think>\n<answer>{random_expression(rng, numbers)}</answer>",
-        lambda: f" step</think>\n<answer> {random_expression(rng, numbers)} </answer>",
-    ]
-    return "".join(rng.choice(pieces)() for _ in range(rng.randint(0, 5)))
-
-
-def reachable_target(rng: random.Random, numbers: list[int]) -> Any:
-    """The reference's value of a valid expression of `numbers`, as the data file writes
-    targets (text, non-integers included), or a random integer."""
-    for _ in range(20):
-        expression = random_expression(rng, numbers)
-        try:
-            value = float(eval(expression, {"__builtins__": None}, {}))
-        except Exception:
-            continue
-        if abs(value) < 1e6:
-            return str(int(value)) if value.is_integer() else str(value)
-    return rng.randint(1, 100)
+def scores_of(row: dict[str, Any]) -> dict[str, float]:
+    """ES Lab's scores for the row's inputs."""
+    return compute_score(row["completion"], numbers=row["numbers"], target=row["target"])
 
 
 def test_agrees_with_the_reference_on_random_completions():
-    rng = random.Random(20260611)
-    counts = {"answer": 0, "partial_format": 0, "full_format": 0, "non_integer_target": 0}
-    for _ in range(20_000):
-        numbers = [rng.randint(1, 99) for _ in range(rng.choice((2, 3, 4)))]
-        target = reachable_target(rng, numbers)
-        completion = random_completion(rng, numbers)
-        scores = assert_agrees(completion, numbers, target)
-        counts["answer"] += scores["answer_reward"] == 1.0
-        counts["partial_format"] += scores["format_reward"] in (0.5, 0.6)
-        counts["full_format"] += scores["format_reward"] == 1.0
-        counts["non_integer_target"] += scores["answer_reward"] == 1.0 and "." in str(target)
+    rows = golden_rows("random")
+    disagreements = []
+    for row in rows:
+        ours, reference = scores_of(row), expected_of(row)
+        if ours != reference:
+            disagreements.append(
+                (row["completion"], row["numbers"], row["target"], ours, reference)
+            )
+    assert not disagreements, (len(disagreements), disagreements[:5])
+    counts = {
+        "answer": sum(row["answer_reward"] == 1.0 for row in rows),
+        "partial_format": sum(row["format_reward"] in (0.5, 0.6) for row in rows),
+        "full_format": sum(row["format_reward"] == 1.0 for row in rows),
+        "non_integer_target": sum(
+            row["answer_reward"] == 1.0 and "." in str(row["target"]) for row in rows
+        ),
+    }
     # The inputs reach every branch, not only the zeros.
     assert all(count >= 20 for count in counts.values()), counts
 
@@ -209,9 +135,16 @@ CRAFTED = [
 ]
 
 
-@pytest.mark.parametrize(("completion", "target"), CRAFTED)
-def test_agrees_with_the_reference_on_crafted_completions(completion, target):
-    assert_agrees(completion, NUMBERS, target)
+@pytest.mark.parametrize(
+    ("index", "completion", "target"), [(i, *c) for i, c in enumerate(CRAFTED)]
+)
+def test_agrees_with_the_reference_on_crafted_completions(index, completion, target):
+    rows = golden_rows("crafted")
+    assert len(rows) == len(CRAFTED), STALE
+    row = rows[index]
+    inputs = (row["completion"], row["numbers"], row["target"], type(row["target"]))
+    assert inputs == (completion, NUMBERS, target, type(target)), STALE
+    assert scores_of(row) == expected_of(row)
 
 
 def test_the_reference_example_scores_as_the_reference_says():
@@ -241,9 +174,14 @@ def test_a_power_too_large_to_compute_scores_zero_at_once(expression):
 
 def test_a_large_power_within_the_bound_is_computed_as_the_reference_does():
     # 2 ** 970299: close to MAX_POWER_BITS, and quick for the reference's eval too.
-    numbers = [2, 99, 3, 2, 99, 3]
-    completion = "x</think>\n<answer>2 ** 99 ** 3 // (2 ** 99 ** 3)</answer>"
-    assert assert_agrees(completion, numbers, "1")["answer_reward"] == 1.0
+    (row,) = golden_rows("large_power")
+    assert (row["completion"], row["numbers"], row["target"]) == (
+        "x</think>\n<answer>2 ** 99 ** 3 // (2 ** 99 ** 3)</answer>",
+        [2, 99, 3, 2, 99, 3],
+        "1",
+    ), STALE
+    assert scores_of(row) == expected_of(row)
+    assert row["answer_reward"] == 1.0
 
 
 def test_a_digit_run_longer_than_int_reads_scores_zero():

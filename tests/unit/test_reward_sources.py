@@ -89,3 +89,33 @@ def test_config_rules_for_sources():
         config(reward_func_path=CONCISE, lambda_min=2.0, lambda_max=1.0)
     with pytest.raises(ConfigError, match="only applies to method 'es'"):
         config(method="lbes", n=2, temperature=1.0, reward_func_path=CONCISE, scorer_url="http://x")
+
+
+def reference_bon_uwo(scores: list[float], coeff: float) -> float:
+    """A copy of tlc4418/llm_optimization `src/bon/ensemble_rm.py`
+    `uncertainty_weighted_optimization` (np.var: ddof 0)."""
+    return np.mean(scores) - coeff * np.var(scores)
+
+
+def reference_ppo_uwo(scores: np.ndarray, coeff: float) -> np.ndarray:
+    """tlc4418/llm_optimization `ppo_reward_functions.py`'s UWO: torch.var, unbiased (ddof 1)."""
+    return scores.mean(axis=0) - coeff * scores.var(axis=0, ddof=1)
+
+
+def test_best_of_n_proxy_uses_the_bon_variance_and_training_the_ppo_one():
+    from engine.best_of_n.evaluation import source_for
+
+    run = config(
+        reward_source="ensemble",
+        ensemble_members=f"{CONCISE}, {__name__}.length",
+        ensemble_method="uwo",
+        uwo_weight=0.5,
+    )
+    # members per sample: conciseness -1, -3; length 2, 4
+    members = np.array([[-1.0, -3.0], [2.0, 4.0]])
+    bon = source_for("run", run).score(OUTPUTS, PROMPTS, ARGS, "test").rewards.reshape(-1)
+    assert bon.tolist() == pytest.approx([reference_bon_uwo(members[:, i], 0.5) for i in (0, 1)])
+    assert bon.tolist() == pytest.approx([0.5 - 0.5 * 2.25, 0.5 - 0.5 * 12.25])
+    training = RewardSources.from_config(run).score(OUTPUTS, PROMPTS, ARGS, "test").rewards
+    assert training.reshape(-1).tolist() == pytest.approx(reference_ppo_uwo(members, 0.5).tolist())
+    assert training.reshape(-1).tolist() == pytest.approx([0.5 - 0.5 * 4.5, 0.5 - 0.5 * 24.5])

@@ -19,8 +19,8 @@ from engine.rewards import (
     score_completion,
 )
 
-CORRECT = {"reward": 1.1, "format": 1.0, "accuracy": 1.0}
-WRONG = {"reward": 0.1, "format": 1.0, "accuracy": 0.0}
+CORRECT = {"reward": 1.1, "format": 0.1, "accuracy": 1.0}  # the reference's parts
+WRONG = {"reward": 0.1, "format": 0.1, "accuracy": 0.0}
 INVALID = {"reward": 0.0, "format": 0.0, "accuracy": 0.0}
 
 
@@ -132,6 +132,35 @@ def test_gsm8k_scores(completion, ground_truth, expected):
     assert score == pytest.approx(expected)
 
 
+def reference_gsm8k(completion_text: str, ground_truth: str) -> dict[str, float]:
+    """A copy of nlp-waseda/lbes `src/reward_funcs/gsm8k.py` `compute_score`."""
+    import re
+
+    pattern = re.compile(r"^<think>.+</think>.*<answer>(-?[\d,]*\d)</answer>.*$", re.DOTALL)
+    match = pattern.match(completion_text)
+    tags = ("<think>", "</think>", "<answer>", "</answer>")
+    if match is None or any(completion_text.count(t) != 1 for t in tags):
+        return {"reward": 0.0, "format": 0.0, "accuracy": 0.0}
+    if match.group(1).replace(",", "") == ground_truth.replace(",", ""):
+        return {"reward": 1.1, "format": 0.1, "accuracy": 1.0}
+    return {"reward": 0.1, "format": 0.1, "accuracy": 0.0}
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "<think>3 * 12</think><answer>36</answer>",
+        "<think>3 * 12</think><answer>35</answer>",
+        "<think>x</think><answer>3,6</answer>",
+        "<think>x</think><answer>36.0</answer>",
+        "no tags at all",
+    ],
+)
+def test_gsm8k_parts_are_the_references_every_one(completion):
+    """Every part, `format` included, on the reference's scale: its charts compare as they are."""
+    assert gsm8k.compute_score(completion, ground_truth="36") == reference_gsm8k(completion, "36")
+
+
 # --- conciseness -------------------------------------------------------------------------
 
 
@@ -179,7 +208,7 @@ def test_every_builtin_loads_and_scores(name):
         # tests is allowed for the test session (tests/conftest.py)
         ("tests.nowhere_at_all.compute_score", "no module named 'tests.nowhere_at_all'"),
         ("engine.rewards.countdown.nope", "has no attribute 'nope'"),
-        ("engine.rewards.countdown.FORMAT_WEIGHT", "not a function"),
+        ("engine.rewards.countdown.FORMAT_REWARD", "not a function"),
         ("compute_score", "must be a dotted path"),
         ("", "must be a dotted path"),
     ],

@@ -27,6 +27,7 @@ class ToyCompletion:
     num_tokens: int
     finished: bool
     token_ids: tuple[int, ...] = ()
+    prompt_tokens: int = 3
 
 
 class ToyEngine:

@@ -159,6 +159,7 @@ class VLLMEngine:
                     num_tokens=len(o.token_ids),
                     finished=o.finish_reason != "length",
                     token_ids=tuple(o.token_ids),
+                    prompt_tokens=len(out.prompt_token_ids or ()),
                 )
                 for o in out.outputs
             ]
