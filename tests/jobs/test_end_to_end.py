@@ -120,8 +120,10 @@ def worker_process(run_id: int):
     """The worker of a run (the Ray job's entrypoint, under a shell), by its command line."""
     import psutil
 
+    wanted = ["-m", "jobs.worker", str(run_id)]
     for process in psutil.process_iter(["cmdline"]):
-        if (process.info["cmdline"] or [])[-3:] == ["-m", "jobs.worker", str(run_id)]:
+        cmdline = process.info["cmdline"] or []
+        if any(cmdline[i : i + 3] == wanted for i in range(len(cmdline))):
             return process
     return None
 
