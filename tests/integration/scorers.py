@@ -138,5 +138,8 @@ def stub_scorer(answer: Handler, delay_s: float = 0.0) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
-        server.shutdown()
+        # shutdown() waits for serve_forever to say it stopped, forever if its thread is
+        # already gone; once, in a full suite, it was.
+        if thread.is_alive():
+            server.shutdown()
         server.server_close()
