@@ -30,10 +30,12 @@ def aware(value: datetime | None) -> datetime | None:
 
 
 def find_run(session: Session, run: int | str) -> models.Run:
-    """A run by its integer id, its uuid, or a unique uuid prefix (what the CLI prints)."""
-    if isinstance(run, int) or (isinstance(run, str) and run.isdigit()):
+    """A run by its integer id, its uuid, or a unique uuid prefix (what the CLI prints). A
+    string of digits is an id first, then a uuid prefix: uuids may start with digits only."""
+    row = None
+    if isinstance(run, int) or (run.isascii() and run.isdigit() and len(run) <= 18):
         row = session.get(models.Run, int(run))
-    else:
+    if row is None and isinstance(run, str):
         matches = session.scalars(
             select(models.Run).where(models.Run.uuid.startswith(run)).limit(2)
         ).all()

@@ -108,3 +108,20 @@ def test_a_check_constraint_guards_the_status_column(store):
     run = make_run(store)
     with pytest.raises(IntegrityError), store.engine.begin() as conn:
         conn.exec_driver_sql(f"UPDATE runs SET status = 'bogus' WHERE id = {run.id}")
+
+
+def test_a_uuid_prefix_of_digits_alone_still_finds_its_run(store):
+    """One uuid in 40 starts with eight decimal digits: such a prefix is tried as an id
+    first, then as a uuid prefix."""
+    from sqlalchemy import update
+
+    from jobs.store.models import Run
+
+    run = make_run(store)
+    uuid = "47616683" + run.uuid[8:]
+    with store.engine.begin() as connection:
+        connection.execute(update(Run).where(Run.id == run.id).values(uuid=uuid))
+    assert store.get_run("47616683").id == run.id
+    assert store.get_run(str(run.id)).id == run.id
+    with pytest.raises(RunNotFoundError, match="no run '99999999999999999999999'"):
+        store.get_run("9" * 23)
