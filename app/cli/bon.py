@@ -6,9 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from app.cli.common import open_store, reward_spec
+from app.cli.common import checkpoint_of, reward_spec
 from engine.config import ConfigError, FieldError
-from jobs.store.errors import StoreError
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -37,20 +36,6 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     bon.set_defaults(func=cmd_bon)
 
 
-def _checkpoint_of(run_or_path: str) -> Path:
-    """A checkpoint folder as given, or the latest checkpoint of a run (id or uuid prefix)."""
-    if Path(run_or_path).is_dir():
-        return Path(run_or_path)
-    with open_store() as store:
-        checkpoints = store.checkpoints(run_or_path)
-    if not checkpoints:
-        raise StoreError(
-            f"run {run_or_path} has no checkpoint: set save_strategy, or pass a "
-            "checkpoint-STEP folder"
-        )
-    return Path(checkpoints[-1].path)
-
-
 def cmd_bon(args: argparse.Namespace) -> int:
     from engine.best_of_n.evaluation import evaluate_best_of_n, write_points
 
@@ -60,7 +45,7 @@ def cmd_bon(args: argparse.Namespace) -> int:
         raise ConfigError(
             [FieldError("n", f"--n must be comma-separated integers, got {args.n!r}")]
         ) from None
-    checkpoint = _checkpoint_of(args.run)
+    checkpoint = checkpoint_of(args.run)
     points = evaluate_best_of_n(
         checkpoint, args.gold, ns, proxy=args.proxy, samples=args.samples, max_prompts=args.prompts
     )

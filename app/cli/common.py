@@ -63,6 +63,20 @@ def add_set_option(parser: argparse.ArgumentParser, help: str) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE", help=help)
 
 
+def checkpoint_of(run_or_path: str) -> Path:
+    """A checkpoint folder as given, or the latest checkpoint of a run (id or uuid prefix)."""
+    if Path(run_or_path).is_dir():
+        return Path(run_or_path)
+    with open_store() as store:
+        checkpoints = store.checkpoints(run_or_path)
+    if not checkpoints:
+        raise StoreError(
+            f"run {run_or_path} has no checkpoint: set save_strategy, or pass a "
+            "checkpoint-STEP folder"
+        )
+    return Path(checkpoints[-1].path)
+
+
 def load_config(path: str, overrides: list[str]) -> RunConfig:
     """A YAML file, or the name of a preset (engine/presets) when no such file exists."""
     from engine.presets import preset_names, preset_path

@@ -29,13 +29,13 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_kl(args: argparse.Namespace) -> int:
-    from app.cli.bon import _checkpoint_of
+    from app.cli.common import checkpoint_of
     from engine.alignment.kl import KLSettings, kl_to_base, write_result
     from engine.best_of_n.evaluation import checkpoint_config
     from engine.data.datasets import load_dataset
     from engine.paths import resolve_path
 
-    checkpoint = _checkpoint_of(args.run)
+    checkpoint = checkpoint_of(args.run)
     config = checkpoint_config(checkpoint)
     data_file = config.data.eval_file or config.data.train_file
     examples = load_dataset(resolve_path(data_file))[: args.prompts]
