@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import html
 import re
-from pathlib import Path
 
 import pytest
 import streamlit as st
@@ -19,9 +18,8 @@ from app.views import inert
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
 from tests.app.conftest import make_config
+from tests.app.test_pages import MAIN, TIMEOUT, page
 
-MAIN = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
-TIMEOUT = 60
 EVIL = "![x](http://evil/x.png) [click](javascript:alert(1)) <img src=x onerror=alert(1)>"
 MORE = "www.evil.example $\\href{javascript:alert(1)}{x}$ :red[red] # heading"
 ERROR = f"Traceback (most recent call last):\n  File 'x.py'\nValueError: {EVIL}"
@@ -49,15 +47,6 @@ def store(seeded_url, monkeypatch, tmp_path, dataset):
 
 def evil_id(store: Store) -> int:
     return store.search_runs(text="evil")[0][0].id
-
-
-def page(path: str, **params: str) -> AppTest:
-    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
-    at.run()
-    for k, v in params.items():
-        at.query_params[k] = v
-    at.switch_page(path)
-    return at.run()
 
 
 def markdown_shown(at: AppTest) -> list[str]:
