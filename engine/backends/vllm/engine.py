@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.backends.base import Completion, Prompt
+from engine.backends.vllm.cpu import resources as cpu_resources
 from engine.backends.vllm.lora_slots import lora_requests, tmpfs_dir, write_placeholder
 from engine.noise import MIN_TABLE_LEN, NOISE_TABLE_SEED
 
@@ -58,7 +59,9 @@ class VLLMEngine:
     ) -> None:
         """Start the engine (about 30 s on the CPU) and build the ES state on every worker.
 
-        gpu_memory_utilization None means 0.9 on a GPU and 0.3 on the CPU; enforce_eager None
+        gpu_memory_utilization None means 0.9 on a GPU and, on the CPU, a KV cache of a fixed
+        size rather than a share of RAM (cpu/resources.py: threads and KV cache on the CPU);
+        enforce_eager None
         means eager on the CPU (where vLLM would compile with inductor for minutes) and CUDA
         graphs on a GPU (in-place weight changes are seen by CUDA graphs: measured).
 
@@ -83,6 +86,14 @@ class VLLMEngine:
         on_cpu = current_platform.is_cpu()
         if on_cpu and in_process:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            if os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind":
+                os.environ.update(cpu_resources.thread_env(sorted(os.sched_getaffinity(0))))
+        extra_llm_args = dict(extra_llm_args or {})
+        if on_cpu and gpu_memory_utilization is None:
+            extra_llm_args.setdefault(
+                "kv_cache_memory_bytes",
+                cpu_resources.kv_cache_bytes(model, dtype, max_model_len),
+            )
         if gpu_memory_utilization is None:
             gpu_memory_utilization = CPU_MEMORY_UTILIZATION if on_cpu else GPU_MEMORY_UTILIZATION
         if enforce_eager is None:
@@ -103,7 +114,7 @@ class VLLMEngine:
             kwargs["max_num_seqs"] = max_num_seqs
         if distributed_executor_backend is not None:
             kwargs["distributed_executor_backend"] = distributed_executor_backend
-        kwargs.update(extra_llm_args or {})  # e.g. multi-LoRA (engine.backends.vllm.lora_slots)
+        kwargs.update(extra_llm_args)  # e.g. multi-LoRA (engine.backends.vllm.lora_slots)
         self.model = str(model)
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
