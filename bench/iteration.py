@@ -1,77 +1,95 @@
-"""Time per ES and LBES iteration on the default model, split by phase, and the efficiency:
-the throughput (generated tokens per second) of an iteration against plain generation of the
-same batches by the unperturbed model, one call per member as the iteration makes them.
+"""Time per ES and LBES iteration on the default model, split by phase, and the efficiency of
+each against the unperturbed engine doing the very same requests.
 
-    .venv/bin/python bench/iteration.py [--population 8] [--prompts 8] [--max-tokens 64]
+    .venv/bin/python bench/iteration.py [--preset es-conciseness] [--steps 2]
+                                        [--methods es,lbes] [--engines 1] [--repeats 3]
 
-Prints one table per method; figures are means over the measured steps (the first step is a
-warm-up and is not counted).
+Both methods run the `--preset` configuration (by default es-conciseness: population 8, 8
+prompts a member, 64 tokens, the default model); LBES adds n=4 samples at temperature 1 and
+keeps the best and worst sample of each prompt. The first step is a warm-up; figures are
+means over the measured steps.
+
+Efficiency (one engine): the seconds the unperturbed engine takes for the very requests the
+measured steps made, in the same calls (ES: each member's call with every request held to
+its member's completion length; LBES: the base generation held to its lengths, plus each
+member's log-likelihood call), over the steps' seconds. What ES adds (perturb, restore,
+reward, update) is the difference, so it is at most 1 up to timing noise. For LBES the
+log-likelihood phase is also set against plain prefill of the same token ids (one token
+generated, no log-probabilities asked): the engine's prefill speed for the same tokens.
+
+With `--engines N` > 1 the members are spread over N engines (Ray actors, disjoint cores);
+step times and tokens/s are printed, and the efficiency is not (its baseline is one engine).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import sys
 import time
 
 import numpy as np
+from baselines import Recorder, logprob_seconds, prefill_seconds, same_tokens_seconds
 
 from engine import metrics as mk
 from engine.backends.pool import EnginePool
+from engine.backends.vllm.engine import VLLMEngine
 from engine.config import RunConfig
-from engine.data.datasets import load_dataset
 from engine.paths import data_dir, default_model_dir
-from engine.sink import MemorySink
+from engine.presets import load_preset
+from engine.sink import MemorySink, StepReport
 from engine.trainer import train
 from engine.trainer.reporting import completion_tokens
 
 PHASES = ("generation", "perturb", "restore", "reward", "logprobs", "update")
+LBES_OPTIONS = ["method=lbes", "n=4", "temperature=1.0", "top_k_rewards=1", "bottom_k_rewards=1"]
 
 
-def run_method(pool: EnginePool, method: str, args: argparse.Namespace, out: str) -> MemorySink:
-    options = {
-        "method": method,
-        "train_file": str(data_dir() / "conciseness" / "train.parquet"),
-        "output_dir": out,
-        "reward_func_path": "engine.rewards.conciseness.compute_score",
-        "population_size": args.population,
-        "data_batch_size": args.prompts,
-        "max_steps": args.steps + 1,
-        "max_tokens": args.max_tokens,
-        "noise_std": 0.002,
-        "learning_rate": 4e-5,
-    }
-    if method == "lbes":
-        options |= {"n": 4, "temperature": 1.0, "top_k_rewards": 1, "bottom_k_rewards": 1}
-    sink = MemorySink()
-    train(RunConfig.from_flat(options), sink, pool=pool)
-    return sink
+def config(args: argparse.Namespace, method: str) -> RunConfig:
+    preset = load_preset(args.preset)
+    overrides = [
+        f"max_steps={args.steps + 1}",
+        "eval_strategy=no",
+        "save_strategy=no",
+        f"output_dir={data_dir() / 'runs' / f'bench-iteration-{method}'}",
+    ]
+    return preset.with_overrides(overrides + (LBES_OPTIONS if method == "lbes" else []))
 
 
-def baseline_seconds(pool: EnginePool, args: argparse.Namespace, method: str) -> tuple[float, int]:
-    """The same work on the unperturbed model: for ES one generation call of the batch per
-    member; for LBES the base generation plus one log-likelihood pass per member over two
-    samples a prompt (what top_k_rewards=1 + bottom_k_rewards=1 keep)."""
-    prompts = [e.prompt for e in load_dataset(data_dir() / "conciseness" / "train.parquet")]
-    batch = prompts[: args.prompts]
-    start, tokens = time.perf_counter(), 0
-    if method == "es":
-        for _ in range(args.population):
-            outputs = pool.generate(batch, n=1, temperature=0.0, max_tokens=args.max_tokens)
-            tokens += sum(c.num_tokens for cs in outputs for c in cs)
-        return time.perf_counter() - start, tokens
-    outputs = pool.generate(batch, n=4, temperature=1.0, max_tokens=args.max_tokens, seed=1)
-    tokens = sum(c.num_tokens for cs in outputs for c in cs)
-    kept = [(p, cs[j].token_ids) for p, cs in zip(batch, outputs, strict=True) for j in (0, -1)]
-    for _ in range(args.population):
-        pool.completion_logprobs([p for p, _ in kept], [c for _, c in kept])
-    return time.perf_counter() - start, tokens
+class StepSink(MemorySink):
+    """A MemorySink that opens a new step in the recorder whenever the trainer finishes one, so
+    each step's requests are known."""
+
+    def __init__(self, recorder: Recorder | None) -> None:
+        super().__init__()
+        self.recorder = recorder
+        if recorder is not None:
+            recorder.start_step()
+
+    def log_step(self, report: StepReport) -> None:
+        super().log_step(report)
+        if self.recorder is not None:
+            self.recorder.start_step()
 
 
-def report(method: str, sink: MemorySink, baseline: tuple[float, int]) -> None:
+def baseline_seconds(engine: VLLMEngine, requests: dict, repeats: int) -> dict[str, float]:
+    """The unperturbed engine's seconds for one step's recorded calls, by kind."""
+    out = {"generate": 0.0, "logprobs": 0.0, "prefill": 0.0, "logprob_tokens": 0.0}
+    for call in requests["generate"]:
+        out["generate"] += same_tokens_seconds(engine, call, repeats)
+    for call in requests["logprobs"]:
+        out["logprobs"] += logprob_seconds(engine, call, repeats)
+        seconds, tokens = prefill_seconds(engine, call, repeats)
+        out["prefill"] += seconds
+        out["logprob_tokens"] += tokens
+    return out
+
+
+def report(method: str, sink: MemorySink, bases: list[dict[str, float]]) -> None:
     measured = [s.metrics for s in sink.steps[1:]]
     step_s = float(np.mean([m[mk.time_key("step")] for m in measured]))
     tokens = float(np.mean([completion_tokens(s) for s in sink.steps[1:]]))
-    base_s, base_tokens = baseline
     print(f"\n{method.upper()}: {len(measured)} measured steps")
     print(f"  iteration time          {step_s:8.2f} s")
     for phase in PHASES:
@@ -80,37 +98,79 @@ def report(method: str, sink: MemorySink, baseline: tuple[float, int]) -> None:
             seconds = float(np.mean([m[key] for m in measured]))
             print(f"  {phase:<23} {seconds:8.2f} s  ({seconds / step_s:5.1%})")
     print(f"  generated tokens        {tokens:8.0f}   {tokens / step_s:7.1f} tokens/s")
-    print(
-        f"  unperturbed, same work  {base_s:8.2f} s  ({base_tokens} tokens, "
-        f"{base_tokens / base_s:.1f} tokens/s)"
+    if not bases:
+        return
+    base = {k: float(np.mean([b[k] for b in bases])) for k in bases[0]}
+    same = base["generate"] + base["logprobs"]
+    print(f"  unperturbed, same work  {same:8.2f} s")
+    target = " (target >= 0.95)" if method == "es" else ""
+    print(f"  efficiency              {same / step_s:8.2f}{target}")
+    if base["logprob_tokens"]:
+        logprob_s = float(np.mean([m[mk.time_key("logprobs")] for m in measured]))
+        rate = base["logprob_tokens"] / logprob_s
+        prefill_rate = base["logprob_tokens"] / base["prefill"]
+        print(
+            f"  log-likelihood tokens/s {rate:8.0f}   plain prefill of the same tokens "
+            f"{prefill_rate:.0f} tokens/s: ratio {rate / prefill_rate:.2f} (target >= 0.9)"
+        )
+    members = len(measured) and float(
+        np.mean([(m[mk.time_key("perturb")] + m[mk.time_key("restore")]) for m in measured])
     )
-    # Greedy members stop at different lengths than the base model, so compare throughput
-    # (tokens per second), which is what the time would be for the very same tokens.
-    efficiency = (tokens / step_s) / (base_tokens / base_s)
-    target = " (target >= 0.9)" if method == "es" else ""
-    print(f"  efficiency              {efficiency:8.2f}{target}")
+    print(f"  perturb + restore       {members * 1e3:8.0f} ms a step (bench/perturb.py: per copy)")
+
+
+def run(method: str, args: argparse.Namespace, engine: VLLMEngine | None, pool: EnginePool) -> None:
+    recorder = Recorder(engine) if engine is not None else None
+    sink = StepSink(recorder)
+    try:
+        train(config(args, method), sink, pool=pool)
+    finally:
+        if recorder is not None:
+            recorder.stop()
+    bases = []
+    if engine is not None and recorder is not None:
+        for requests in recorder.steps[1 : len(sink.steps)]:  # the measured steps
+            bases.append(baseline_seconds(engine, requests, args.repeats))
+    report(method, sink, bases)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--population", type=int, default=8)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--preset", default="es-conciseness")
+    parser.add_argument("--steps", type=int, default=2, help="measured steps after a warm-up")
     parser.add_argument("--methods", default="es,lbes")
+    parser.add_argument("--engines", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3, help="baseline calls; median counts")
     args = parser.parse_args()
+    print("command: .venv/bin/python " + shlex.join(sys.argv), flush=True)
+    print(f"cpu: {cpu_name()}, {len(os.sched_getaffinity(0))} cores usable", flush=True)
 
+    cfg = config(args, "es")
+    start = time.perf_counter()
+    engine = None
+    if args.engines == 1:
+        engine = VLLMEngine(str(default_model_dir()), max_model_len=cfg.model.max_model_len)
+        pool = EnginePool.wrap(engine)
+    else:
+        pool = EnginePool(str(default_model_dir()), num_engines=args.engines)
+    print(f"engines up in {time.perf_counter() - start:.1f} s", flush=True)
     print(
-        f"model {default_model_dir().name}, population {args.population}, "
-        f"{args.prompts} prompts a member, {args.max_tokens} tokens"
+        f"preset {args.preset}: population {cfg.es.population_size}, "
+        f"{cfg.data.data_batch_size} prompts a member, {cfg.sampling.max_tokens} tokens"
     )
-    pool = EnginePool(str(default_model_dir()), max_model_len=1024, seed=0)
     try:
         for method in args.methods.split(","):
-            sink = run_method(pool, method, args, str(data_dir() / "runs" / f"bench-{method}"))
-            report(method, sink, baseline_seconds(pool, args, method))
+            run(method, args, engine, pool)
     finally:
         pool.shutdown()
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
+    except (OSError, StopIteration):
+        return "unknown"
 
 
 if __name__ == "__main__":

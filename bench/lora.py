@@ -32,11 +32,11 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from baselines import Requests, same_tokens_seconds, timed_generate
 
 from engine import metrics as mk
 from engine.backends.pool import EnginePool
@@ -70,14 +70,6 @@ class Row:
     @property
     def members_per_s(self) -> float:
         return self.population / self.step_s
-
-
-@dataclass
-class Generated:
-    """What one lora step generated: every request's prompt and its completion's length."""
-
-    prompts: list[Any]
-    lengths: list[int]
 
 
 def config(args: argparse.Namespace, mode: str, population: int) -> RunConfig:
@@ -131,17 +123,17 @@ def start(
 
 def measure(
     pool: EnginePool, cfg: RunConfig, mode: str, args: argparse.Namespace, input_master: str
-) -> tuple[Row, list[Generated]]:
+) -> tuple[Row, list[Requests]]:
     """The mean of the measured steps, and (lora mode) what each measured step generated.
     The run starts from the input model (`input_master`), whatever ran on the engine before."""
     pool.load_master(input_master)
-    generated: list[Generated] = []
+    generated: list[Requests] = []
     generate = pool.generate
 
     def recording(prompts: Any, *rest: Any, **options: Any) -> Any:
         outputs = generate(prompts, *rest, **options)
         if options.get("adapters") is not None:  # a lora step's members, n = 1
-            generated.append(Generated(list(prompts), [cs[0].num_tokens for cs in outputs]))
+            generated.append(Requests(list(prompts), [cs[0].num_tokens for cs in outputs]))
         return outputs
 
     pool.generate = recording  # type: ignore[method-assign]
@@ -168,37 +160,8 @@ def measure(
     return row, generated[args.warmup :]
 
 
-def timed_generate(
-    engine: VLLMEngine, prompts: list[Any], params: list[Any], repeats: int
-) -> tuple[float, list[int]]:
-    """(median seconds, completion lengths) of `repeats` batched calls, after a warm-up."""
-    requests = [{"prompt_token_ids": engine.prompt_token_ids(p)} for p in prompts]
-    engine.llm.generate(requests[:4], params[:4], use_tqdm=False)
-    seconds, lengths = [], []
-    for _ in range(repeats):
-        start_s = time.perf_counter()
-        outputs = engine.llm.generate(requests, params, use_tqdm=False)
-        seconds.append(time.perf_counter() - start_s)
-        lengths = [len(o.outputs[0].token_ids) for o in outputs]
-    return float(np.median(seconds)), lengths
-
-
-def same_tokens_baseline(engine: VLLMEngine, step: Generated, repeats: int) -> float:
-    """Seconds the unperturbed model takes, batched, for the tokens of one lora step."""
-    from vllm import SamplingParams
-
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in step.lengths]
-    seconds, lengths = timed_generate(engine, step.prompts, params, repeats)
-    if lengths != step.lengths:
-        raise RuntimeError(
-            "the baseline generated other lengths than the lora step: "
-            f"{sum(lengths)} against {sum(step.lengths)} tokens"
-        )
-    return seconds
-
-
 def own_tokens_baseline(
-    engine: VLLMEngine, step: Generated, args: argparse.Namespace
+    engine: VLLMEngine, step: Requests, args: argparse.Namespace
 ) -> tuple[float, int]:
     """(seconds, tokens) of the base model's own greedy completions of the same prompts."""
     from vllm import SamplingParams
@@ -259,7 +222,7 @@ def main() -> None:
             rows["lora", population] = row
             print(row, flush=True)
             bases[population] = Baseline(  # the plain engine is still the input model
-                [same_tokens_baseline(engine, step, args.baseline_repeats) for step in steps],
+                [same_tokens_seconds(engine, step, args.baseline_repeats) for step in steps],
                 [own_tokens_baseline(engine, step, args) for step in steps],
             )
             print(f"baseline N={population}: {bases[population]}", flush=True)
