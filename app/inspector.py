@@ -133,13 +133,15 @@ def funnel(samples: Sequence[SampleRecord], config: Mapping[str, Any]) -> list[F
     return stages
 
 
+def sample_name(sample: SampleRecord) -> str:
+    """A sample among its prompt's: member (or base) and sample number."""
+    who = BASE if sample.member is None else f"member {sample.member}"
+    return f"{who} · sample {sample.sample_index}"
+
+
 def sample_title(sample: SampleRecord) -> str:
     """How a sample is named on its card: prompt, member (or base) and sample number."""
-    return f"prompt {sample.prompt_index} · {_who(sample)} · sample {sample.sample_index}"
-
-
-def _who(sample: SampleRecord) -> str:
-    return BASE if sample.member is None else f"member {sample.member}"
+    return f"prompt {sample.prompt_index} · {sample_name(sample)}"
 
 
 def number(value: float | None) -> str:

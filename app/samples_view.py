@@ -123,18 +123,18 @@ def _reward_range(
 
 
 def _filters(samples: Sequence[SampleRecord], scope: Scope, step: int) -> ins.SampleFilter:
-    c1, c2, c3, c4 = st.columns(4)
+    """The filter row: member and kept/dropped only where the step's samples differ in them."""
+    names, verdicts = ins.members(samples), ins.outcomes(samples)
+    columns = iter(st.columns(2 + (len(names) > 1) + bool(verdicts)))
     member, outcome = "", ""
-    names = ins.members(samples)
     if len(names) > 1:
         shown = {n: "base (unperturbed)" if n == ins.BASE else f"member {n}" for n in names}
-        member = _choice(c1, "Member", names, scope, "member", step, shown)
-    verdicts = ins.outcomes(samples)
+        member = _choice(next(columns), "Member", names, scope, "member", step, shown)
     if verdicts:
         shown = {v: f"dropped by {ins.stage_label(v)}" for v in verdicts[2:]}
-        outcome = _choice(c2, "Kept or dropped", verdicts, scope, "outcome", step, shown)
-    reward = _reward_range(c3, samples, scope, step)
-    text = c4.text_input(
+        outcome = _choice(next(columns), "Kept or dropped", verdicts, scope, "outcome", step, shown)
+    reward = _reward_range(next(columns), samples, scope, step)
+    text = next(columns).text_input(
         "Search prompt and completion", scope.param("q"), key=scope.widget("q"), max_chars=200
     )
     scope.set("q", text)
@@ -153,7 +153,7 @@ def _funnel(stages: Sequence[ins.FunnelStage], step: int) -> None:
 
 
 def _header(sample: SampleRecord, title: str) -> str:
-    """A card's first line as Markdown: every value escaped, the verdict as a badge."""
+    """A card's first line as Markdown: every value escaped, the verdict in colour."""
     parts = " · ".join(f"{k} {ins.number(v)}" for k, v in sample.reward_parts.items())
     facts = [title, f"reward {ins.number(sample.reward)}"]
     facts += [parts] if parts else []
@@ -161,7 +161,7 @@ def _header(sample: SampleRecord, title: str) -> str:
     text = f"**{inert(facts[0])}** · " + inert(" · ".join(facts[1:]))
     verdict = ins.verdict(sample)
     if verdict:
-        text += f" :{'green' if sample.kept else 'red'}-badge[{inert(verdict)}]"
+        text += f" · :{'green' if sample.kept else 'red'}[{inert(verdict)}]"
     return text
 
 
@@ -191,12 +191,17 @@ def _cards(shown: Sequence[SampleRecord], scope: Scope) -> None:
             right.code(sample.completion, language=None, wrap_lines=True)
 
 
-def _prompt_picker(shown: Sequence[SampleRecord], scope: Scope, step: int) -> list[SampleRecord]:
+def _prompt_picker(
+    column: st.delta_generator.DeltaGenerator,
+    shown: Sequence[SampleRecord],
+    scope: Scope,
+    step: int,
+) -> list[SampleRecord]:
     """One prompt's samples among those shown (the prompt in the URL)."""
     prompts = {s.prompt_index: s.prompt for s in shown}
     options = list(prompts)
     wanted = scope.param("prompt")
-    chosen = st.selectbox(
+    chosen = column.selectbox(
         "Prompt",
         options,
         index=options.index(int(wanted)) if wanted.isdigit() and int(wanted) in options else 0,
@@ -204,17 +209,16 @@ def _prompt_picker(shown: Sequence[SampleRecord], scope: Scope, step: int) -> li
         key=scope.widget("prompt", step),
     )
     scope.set("prompt", str(chosen), str(options[0]))
-    group = [s for s in shown if s.prompt_index == chosen]
-    st.code(group[0].prompt, language=None, wrap_lines=True)
-    return group
+    return [s for s in shown if s.prompt_index == chosen]
 
 
 def _side_by_side(shown: Sequence[SampleRecord], scope: Scope, step: int) -> None:
-    group = _prompt_picker(shown, scope, step)
+    group = _prompt_picker(st, shown, scope, step)
+    st.code(group[0].prompt, language=None, wrap_lines=True)
     for row in range(0, len(group), COLUMNS):
         for column, sample in zip(st.columns(COLUMNS), group[row : row + COLUMNS], strict=False):
             with column, st.container(border=True):
-                _completion(sample, ins.sample_title(sample).split(" · ", 1)[1])
+                _completion(sample, ins.sample_name(sample))
 
 
 def _pick(column, title: str, group: Sequence[SampleRecord], key: str, wanted: int) -> int:
@@ -223,17 +227,19 @@ def _pick(column, title: str, group: Sequence[SampleRecord], key: str, wanted: i
         title,
         range(len(group)),
         index=wanted if 0 <= wanted < len(group) else 0,
-        format_func=lambda i: ins.sample_title(group[i]).split(" · ", 1)[1],
+        format_func=lambda i: ins.sample_name(group[i]),
         key=key,
     )
 
 
-def _other_run(store: Store, run: RunRecord, scope: Scope) -> RunRecord:
+def _other_run(
+    column: st.delta_generator.DeltaGenerator, store: Store, run: RunRecord, scope: Scope
+) -> RunRecord:
     runs = [run, *(r for r in store.list_runs(limit=200) if r.id != run.id)]
     by_id = {r.id: r for r in runs}
     wanted = scope.param("vs_run")
     ids = list(by_id)
-    chosen = st.selectbox(
+    chosen = column.selectbox(
         "Compare with run",
         ids,
         index=ids.index(int(wanted)) if wanted.isdigit() and int(wanted) in ids else 0,
@@ -250,7 +256,8 @@ def _counterpart(
     """The same prompt's completion that `sample` is compared with: a run, a step of it
     (by default the latest earlier one) and one of that step's samples of the prompt (by
     default the same member and sample number)."""
-    other = _other_run(store, run, scope)
+    c1, c2, c3 = st.columns(3)
+    other = _other_run(c1, store, run, scope)
     steps = store.prompt_steps(other.id, split=split, prompt=sample.prompt)
     steps = [s for s in steps if other.id != run.id or s != step]
     if not steps:
@@ -260,8 +267,7 @@ def _counterpart(
     earlier = [s for s in steps if s < step] if other.id == run.id else []
     default = (earlier or steps)[-1]
     wanted = scope.param("vs_step")
-    c1, c2 = st.columns(2)
-    vs_step = c1.selectbox(
+    vs_step = c2.selectbox(
         "At step",
         steps,
         index=steps.index(int(wanted) if wanted.isdigit() and int(wanted) in steps else default),
@@ -276,7 +282,7 @@ def _counterpart(
     ]
     wanted = scope.param("vs_sample")
     position = int(wanted) if wanted.isdigit() else (same or [0])[0]
-    picked = _pick(c2, "Its sample", group, scope.widget(f"vs_sample_{vs_step}", step), position)
+    picked = _pick(c3, "Its sample", group, scope.widget(f"vs_sample_{vs_step}", step), position)
     scope.set("vs_sample", str(picked), str((same or [0])[0]))
     return vs_step, group[picked]
 
@@ -289,10 +295,11 @@ def _compare(
     shown: Sequence[SampleRecord],
     scope: Scope,
 ) -> None:
-    group = _prompt_picker(shown, scope, step)
+    c1, c2 = st.columns([3, 1])
+    group = _prompt_picker(c1, shown, scope, step)
     wanted = scope.param("sample")
     position = _pick(
-        st,
+        c2,
         "Sample",
         group,
         scope.widget("sample", step),
@@ -300,15 +307,16 @@ def _compare(
     )
     scope.set("sample", str(position), "0")
     sample = group[position]
+    st.code(sample.prompt, language=None, wrap_lines=True)
     found = _counterpart(store, run, split, step, sample, scope)
     if found is None:
         return
     vs_step, other = found
     left, right = st.columns(2)
     with left, st.container(border=True):
-        _completion(other, f"step {vs_step} · " + ins.sample_title(other).split(" · ", 1)[1])
+        _completion(other, f"step {vs_step} · " + ins.sample_name(other))
     with right, st.container(border=True):
-        _completion(sample, f"step {step} · " + ins.sample_title(sample).split(" · ", 1)[1])
+        _completion(sample, f"step {step} · " + ins.sample_name(sample))
     st.markdown(f"**Changes from step {vs_step} to step {step}**")
     st.caption("Struck through on red: only in the left one; on green: only in the right one.")
     with st.container(border=True):
@@ -330,10 +338,10 @@ def _table(shown: Sequence[SampleRecord], scope: Scope) -> None:
 def inspect_step(store: Store, run: RunRecord, split: str, step: int, scope: Scope) -> None:
     """Filters, the LBES funnel and the chosen view of one split's samples at one step."""
     samples = store.samples(run.id, split=split, step=step)
-    wanted = _filters(samples, scope, step)
     stages = ins.funnel(samples, run.config)
     if stages:
         _funnel(stages, step)
+    wanted = _filters(samples, scope, step)
     shown = ins.filter_samples(samples, wanted)
     views = list(VIEWS)
     view = st.radio(
