@@ -338,7 +338,7 @@ def _table(shown: Sequence[SampleRecord], scope: Scope) -> None:
 def inspect_step(store: Store, run: RunRecord, split: str, step: int, scope: Scope) -> None:
     """Filters, the LBES funnel and the chosen view of one split's samples at one step."""
     samples = store.samples(run.id, split=split, step=step)
-    stages = ins.funnel(samples, run.config)
+    stages = ins.funnel(samples, run.config) if run.method == "lbes" else []
     if stages:
         _funnel(stages, step)
     wanted = _filters(samples, scope, step)
