@@ -8,11 +8,13 @@ page shows two inspectors, so each has its own URL prefix and widget keys (`Scop
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import pandas as pd
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
 from app import inspector as ins
 from app.views import inert, label, param, set_param
@@ -70,7 +72,7 @@ def _step_picker(steps: list[int], key: str, url: str) -> int:
 
 
 def _choice(
-    column: st.delta_generator.DeltaGenerator,
+    column: DeltaGenerator,
     title: str,
     options: Sequence[str],
     scope: Scope,
@@ -93,7 +95,7 @@ def _choice(
 
 
 def _reward_range(
-    column: st.delta_generator.DeltaGenerator,
+    column: DeltaGenerator,
     samples: Sequence[SampleRecord],
     scope: Scope,
     step: int,
@@ -105,7 +107,7 @@ def _reward_range(
     raw = scope.param("reward")
     try:
         wanted = tuple(sorted(float(x) for x in raw.split(","))) if raw else (low, high)
-        if len(wanted) != 2:
+        if len(wanted) != 2 or not all(math.isfinite(x) for x in wanted):
             raise ValueError
     except ValueError:
         st.warning(
@@ -192,7 +194,7 @@ def _cards(shown: Sequence[SampleRecord], scope: Scope) -> None:
 
 
 def _prompt_picker(
-    column: st.delta_generator.DeltaGenerator,
+    column: DeltaGenerator,
     shown: Sequence[SampleRecord],
     scope: Scope,
     step: int,
@@ -213,7 +215,7 @@ def _prompt_picker(
 
 
 def _side_by_side(shown: Sequence[SampleRecord], scope: Scope, step: int) -> None:
-    group = _prompt_picker(st, shown, scope, step)
+    group = _prompt_picker(st.container(), shown, scope, step)
     st.code(group[0].prompt, language=None, wrap_lines=True)
     for row in range(0, len(group), COLUMNS):
         for column, sample in zip(st.columns(COLUMNS), group[row : row + COLUMNS], strict=False):
@@ -221,7 +223,9 @@ def _side_by_side(shown: Sequence[SampleRecord], scope: Scope, step: int) -> Non
                 _completion(sample, ins.sample_name(sample))
 
 
-def _pick(column, title: str, group: Sequence[SampleRecord], key: str, wanted: int) -> int:
+def _pick(
+    column: DeltaGenerator, title: str, group: Sequence[SampleRecord], key: str, wanted: int
+) -> int:
     """The position of one of a prompt's samples."""
     return column.selectbox(
         title,
@@ -232,9 +236,7 @@ def _pick(column, title: str, group: Sequence[SampleRecord], key: str, wanted: i
     )
 
 
-def _other_run(
-    column: st.delta_generator.DeltaGenerator, store: Store, run: RunRecord, scope: Scope
-) -> RunRecord:
+def _other_run(column: DeltaGenerator, store: Store, run: RunRecord, scope: Scope) -> RunRecord:
     runs = [run, *(r for r in store.list_runs(limit=200) if r.id != run.id)]
     by_id = {r.id: r for r in runs}
     wanted = scope.param("vs_run")
@@ -252,10 +254,10 @@ def _other_run(
 
 def _counterpart(
     store: Store, run: RunRecord, split: str, step: int, sample: SampleRecord, scope: Scope
-) -> tuple[int, SampleRecord] | None:
-    """The same prompt's completion that `sample` is compared with: a run, a step of it
-    (by default the latest earlier one) and one of that step's samples of the prompt (by
-    default the same member and sample number)."""
+) -> tuple[str, SampleRecord] | None:
+    """The same prompt's completion that `sample` is compared with, and where it is from: a
+    run, a step of it (by default the latest earlier one) and one of that step's samples of
+    the prompt (by default the same member and sample number)."""
     c1, c2, c3 = st.columns(3)
     other = _other_run(c1, store, run, scope)
     steps = store.prompt_steps(other.id, split=split, prompt=sample.prompt)
@@ -284,7 +286,8 @@ def _counterpart(
     position = int(wanted) if wanted.isdigit() else (same or [0])[0]
     picked = _pick(c3, "Its sample", group, scope.widget(f"vs_sample_{vs_step}", step), position)
     scope.set("vs_sample", str(picked), str((same or [0])[0]))
-    return vs_step, group[picked]
+    where = f"step {vs_step}" if other.id == run.id else f"{label(other)} step {vs_step}"
+    return where, group[picked]
 
 
 def _compare(
@@ -311,13 +314,13 @@ def _compare(
     found = _counterpart(store, run, split, step, sample, scope)
     if found is None:
         return
-    vs_step, other = found
+    where, other = found
     left, right = st.columns(2)
     with left, st.container(border=True):
-        _completion(other, f"step {vs_step} · " + ins.sample_name(other))
+        _completion(other, f"{where} · {ins.sample_name(other)}")
     with right, st.container(border=True):
-        _completion(sample, f"step {step} · " + ins.sample_name(sample))
-    st.markdown(f"**Changes from step {vs_step} to step {step}**")
+        _completion(sample, f"step {step} · {ins.sample_name(sample)}")
+    st.markdown(f"**Changes from {inert(where)} to step {step}**")
     st.caption("Struck through on red: only in the left one; on green: only in the right one.")
     with st.container(border=True):
         st.markdown(ins.diff_markdown(ins.word_diff(other.completion, sample.completion)))

@@ -128,6 +128,7 @@ def test_a_completion_against_an_earlier_step_shows_the_changes(store):
     assert "This prompt has no train samples in that run." in at.info[0].value
     at.selectbox(key="samples_prompt_2").select(0).run()
     assert completions(at) == ["alpha-run says 4", "beta-run says 4"]
+    assert r"**Changes from alpha\-run \(\#1\) step 2 to step 2**" in [m.value for m in at.markdown]
     assert (
         at.markdown[-1].value
         == r":red-background[~~alpha\-run~~] :green-background[beta\-run] says 4"
