@@ -81,9 +81,26 @@ class FilterResult:
         return not self.kept.any()
 
 
+FILTER_STAGES: tuple[tuple[str, ...], ...] = (
+    ("top_k_prompt_reward_var",),
+    ("top_k_rewards", "bottom_k_rewards"),
+    ("exclude_same_rewards_samples",),
+    ("flat_top_k_rewards", "flat_bottom_k_rewards"),
+)
+"""The filters in the order they run, each as the options that configure it. A dropped
+sample's dropped_by names its stage's options that are set, joined by '+'."""
+
+
 def _filter_name(cfg: LbesConfig, *options: str) -> str:
     """The name recorded in dropped_by: the filter options that are set, joined by '+'."""
     return "+".join(o for o in options if getattr(cfg, o) is not None)
+
+
+def filter_stage(dropped_by: str) -> int | None:
+    """The index in FILTER_STAGES of the filter that recorded `dropped_by` (None for a name
+    no filter writes), so a reader can count each filter's drops in the order they ran."""
+    options = set(dropped_by.split("+"))
+    return next((i for i, stage in enumerate(FILTER_STAGES) if options <= set(stage)), None)
 
 
 def filter_rewards(rewards: np.ndarray, cfg: LbesConfig, tiebreak: TieBreak) -> FilterResult:
@@ -109,7 +126,7 @@ def filter_rewards(rewards: np.ndarray, cfg: LbesConfig, tiebreak: TieBreak) -> 
         order = np.lexsort((tie, r.var(axis=1)))  # ascending variance, then ascending draw
         keep_rows = np.zeros(num_prompts, dtype=bool)
         keep_rows[order[num_prompts - k :]] = True
-        drop(np.broadcast_to(~keep_rows[:, None], r.shape), "top_k_prompt_reward_var")
+        drop(np.broadcast_to(~keep_rows[:, None], r.shape), _filter_name(cfg, *FILTER_STAGES[0]))
 
     # 2. Per prompt, the union of its top-k and bottom-k samples.
     if cfg.top_k_rewards is not None or cfg.bottom_k_rewards is not None:
@@ -120,7 +137,7 @@ def filter_rewards(rewards: np.ndarray, cfg: LbesConfig, tiebreak: TieBreak) -> 
             selected[rows, order[:, n - min(cfg.top_k_rewards, n) :]] = True
         if cfg.bottom_k_rewards is not None:
             selected[rows, order[:, : min(cfg.bottom_k_rewards, n)]] = True
-        drop(~selected, _filter_name(cfg, "top_k_rewards", "bottom_k_rewards"))
+        drop(~selected, _filter_name(cfg, *FILTER_STAGES[1]))
 
     # 3. Prompts whose kept rewards carry no signal (all the same).
     if cfg.exclude_same_rewards_samples:
@@ -130,7 +147,7 @@ def filter_rewards(rewards: np.ndarray, cfg: LbesConfig, tiebreak: TieBreak) -> 
                 for values in (r[b, kept[b]] for b in range(num_prompts))
             ]
         )
-        drop(np.broadcast_to(same[:, None], r.shape), "exclude_same_rewards_samples")
+        drop(np.broadcast_to(same[:, None], r.shape), FILTER_STAGES[2][0])
 
     # 4. The global top-k / bottom-k over everything still kept.
     if (cfg.flat_top_k_rewards is not None or cfg.flat_bottom_k_rewards is not None) and kept.any():
@@ -145,10 +162,7 @@ def filter_rewards(rewards: np.ndarray, cfg: LbesConfig, tiebreak: TieBreak) -> 
             selected[order[: min(cfg.flat_bottom_k_rewards, values.size)]] = True
         dropped = np.zeros(r.size, dtype=bool)
         dropped[flat_index[~selected]] = True
-        drop(
-            dropped.reshape(r.shape),
-            _filter_name(cfg, "flat_top_k_rewards", "flat_bottom_k_rewards"),
-        )
+        drop(dropped.reshape(r.shape), _filter_name(cfg, *FILTER_STAGES[3]))
 
     return FilterResult(kept=kept, dropped_by=dropped_by)
 

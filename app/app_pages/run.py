@@ -6,7 +6,7 @@ import streamlit as st
 
 from app import actions, exports, report, run_charts
 from app.alignment_view import alignment_view
-from app.samples_view import lbes_view, samples_table
+from app.samples_view import Scope, lbes_view, sample_inspector
 from app.state import get_store
 from app.views import (
     duration,
@@ -111,7 +111,7 @@ with config_tab:
         hide_index=True,
     )
 with samples_tab:
-    samples_table(store, run, "run_samples")
+    sample_inspector(store, run, Scope("run_samples"))
 with lbes_tab:
     lbes_view(store, run)
 with align_tab:

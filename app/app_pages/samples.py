@@ -1,9 +1,9 @@
-"""Samples (`?run=ID&split=...&step=...`): the completions of one run, by split and step,
-filtered by reward."""
+"""Samples (`?run=ID&split=...&step=...`): the sample inspector over one run's completions,
+by split and step (app/samples_view.py)."""
 
 import streamlit as st
 
-from app.samples_view import samples_table
+from app.samples_view import Scope, sample_inspector
 from app.state import get_store
 from app.views import id_param, label, set_param, show_error
 from jobs.store.errors import StoreError
@@ -31,4 +31,4 @@ chosen = st.selectbox(
     format_func=lambda i: label(by_id[i]),
 )
 set_param("run", str(chosen))
-samples_table(store, by_id[chosen], "samples")
+sample_inspector(store, by_id[chosen], Scope("samples"))

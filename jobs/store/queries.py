@@ -177,17 +177,22 @@ class RunQueries(StoreBase):
                 s.scalars(select(p.step).where(p.run_id == row.id).distinct().order_by(p.step))
             )
 
-    def samples(self, run: int | str, *, split: str, step: int) -> list[SampleRecord]:
+    def samples(
+        self, run: int | str, *, split: str, step: int, prompt: str | None = None
+    ) -> list[SampleRecord]:
+        """The samples of one split and step; with `prompt`, only that prompt's."""
+        table = models.Sample
         with self._session() as s:
             row = find_run(s, run)
             rows = s.scalars(
-                select(models.Sample)
+                select(table)
                 .where(
-                    models.Sample.run_id == row.id,
-                    models.Sample.split == split,
-                    models.Sample.step == step,
+                    table.run_id == row.id,
+                    table.split == split,
+                    table.step == step,
+                    *([] if prompt is None else [table.prompt == prompt]),
                 )
-                .order_by(models.Sample.prompt_index, models.Sample.sample_index, models.Sample.id)
+                .order_by(table.prompt_index, table.sample_index, table.id)
             )
             return [
                 SampleRecord(
@@ -215,6 +220,21 @@ class RunQueries(StoreBase):
                 s.scalars(
                     select(x.step)
                     .where(x.run_id == row.id, x.split == split)
+                    .distinct()
+                    .order_by(x.step)
+                )
+            )
+
+    def prompt_steps(self, run: int | str, *, split: str, prompt: str) -> list[int]:
+        """The steps at which `prompt` was sampled in `split`: where a completion can be
+        compared with the same prompt's completion at another step."""
+        x = models.Sample
+        with self._session() as s:
+            row = find_run(s, run)
+            return list(
+                s.scalars(
+                    select(x.step)
+                    .where(x.run_id == row.id, x.split == split, x.prompt == prompt)
                     .distinct()
                     .order_by(x.step)
                 )

@@ -1,11 +1,13 @@
 """The dashboard in Debian's Chromium (never a downloaded browser), driven by Playwright,
 against `streamlit run app/main.py` on a seeded database: the Runs page and a Run page
-render, and a run page's URL opens the same view. Screenshots go to the test's tmp folder
-(or $ESLAB_TEST_OUTPUT)."""
+render, a run page's URL opens the same view, and the sample inspector finds an LBES run's
+kept and dropped samples, shows a long completion whole and diffs a completion across steps.
+Screenshots go to the test's tmp folder (or $ESLAB_TEST_OUTPUT)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,6 +22,7 @@ from engine.sink import StepReport
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
 from tests.app.browser import free_port, playwright_or_skip, shots_folder
+from tests.app.sample_runs import CHANGED, END, LONG, add_lbes_samples
 
 APP = Path(__file__).resolve().parents[2] / "app" / "main.py"
 playwright_api = playwright_or_skip()
@@ -32,7 +35,13 @@ def seeded_url(tmp_path_factory) -> str:
     from tests.app.conftest import seed, write_task
 
     folder = tmp_path_factory.mktemp("browser")
-    return seed(folder, write_task(folder))
+    url = seed(folder, write_task(folder))
+    store = Store(url)
+    try:
+        add_lbes_samples(store, 2)  # beta-run: kept and dropped samples for the inspector
+    finally:
+        store.close()
+    return url
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +142,49 @@ def test_run_page_tab_comes_from_the_url(server, browser, shots):
     page.get_by_text("Members at step 2").wait_for(timeout=30_000)  # visible: tab is open
     page.get_by_role("tab", name="LBES").scroll_into_view_if_needed()
     page.screenshot(path=shots / "run-lbes.png")
+
+
+def test_the_sample_inspector_in_chromium(server, browser, shots):
+    """An LBES run's dropped and kept samples found by filter, a long completion read in
+    full (wrapped, nothing scrolled away or cut off), and a completion against the same
+    prompt's at the step before, the changes highlighted."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{server}/samples?run=2")
+    page.get_by_text("7 of 7 samples at step 2").wait_for(timeout=30_000)
+    page.locator("[data-testid='stSelectbox']").filter(has_text="Kept or dropped").click()
+    by_variance = "dropped by prompt-variance filter (top_k_prompt_reward_var)"
+    page.get_by_role("option", name=by_variance).click()
+    page.get_by_text("3 of 7 samples at step 2").wait_for(timeout=30_000)
+    expect = playwright_api.expect  # retries until the rerun has replaced the old cards
+    expect(page).to_have_url(re.compile("outcome=top_k_prompt_reward_var"), timeout=30_000)
+    cards = page.locator("[data-testid='stMarkdownContainer']", has_text=by_variance)
+    expect(cards).to_have_count(3, timeout=30_000)
+    expect(page.locator("[data-testid='stCode']", has_text=CHANGED[2])).to_have_count(0)
+    page.screenshot(path=shots / "samples-dropped.png")
+
+    page.goto(f"{server}/samples?run=2&outcome=kept")
+    long = page.locator("[data-testid='stCode'] pre", has_text=END)
+    long.wait_for(timeout=30_000)
+    assert " ".join(long.inner_text().split()) == LONG
+    width, seen_width, height, seen_height = long.evaluate(
+        "e => [e.scrollWidth, e.clientWidth, e.scrollHeight, e.clientHeight]"
+    )
+    assert width <= seen_width and height <= seen_height  # wrapped; no part scrolled away
+    box = long.bounding_box()
+    assert box["x"] >= 0 and box["x"] + box["width"] <= 1400
+    long.scroll_into_view_if_needed()
+    page.screenshot(path=shots / "samples-long.png")
+
+    page.goto(f"{server}/samples?run=2&view=compare&prompt=1")
+    page.get_by_text("Changes from step 1 to step 2").wait_for(timeout=30_000)
+    for text in CHANGED.values():
+        page.locator("[data-testid='stCode']", has_text=text).wait_for(timeout=30_000)
+    removed = page.locator(".stMarkdownColoredBackground del", has_text="plus")
+    added = page.locator(".stMarkdownColoredBackground", has_text="times")
+    expect(removed).to_be_visible(timeout=30_000)
+    expect(added.last).to_be_visible(timeout=30_000)
+    page.get_by_text("Changes from step 1 to step 2").scroll_into_view_if_needed()
+    page.screenshot(path=shots / "samples-compare.png")
 
 
 def test_run_page_refreshes_itself_while_live(server, browser, seeded_url, shots):

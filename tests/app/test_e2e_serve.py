@@ -220,7 +220,7 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
     shared.get_by_role("tab", name="Samples", selected=True).wait_for(timeout=30_000)
     shared.get_by_text("population fitness per step").first.wait_for(timeout=30_000)
     shared.get_by_text("samples at step 2").wait_for(timeout=30_000)
-    shared.locator("[data-testid='stDataFrame'] canvas").last.wait_for(timeout=30_000)
+    shared.locator("[data-testid='stCode']").first.wait_for(timeout=30_000)  # a sample's card
     shared.screenshot(path=shots / "e2e-shared-url.png", full_page=True)
 
     # A second run: a clone of the first, queued from the prefilled form.

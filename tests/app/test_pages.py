@@ -45,6 +45,7 @@ def page(path: str, **params: str) -> AppTest:
 
 def text_of(at: AppTest) -> str:
     parts = [e.value for e in (*at.markdown, *at.caption, *at.title, *at.info, *at.error)]
+    parts += [c.value for c in at.code]  # prompts and completions
     parts += [str(m.value) for m in at.metric]
     for df in at.dataframe:
         parts.append(df.value.to_string())

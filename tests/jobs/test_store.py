@@ -125,3 +125,16 @@ def test_a_uuid_prefix_of_digits_alone_still_finds_its_run(store):
     assert store.get_run(str(run.id)).id == run.id
     with pytest.raises(RunNotFoundError, match="no run '99999999999999999999999'"):
         store.get_run("9" * 23)
+
+
+def test_one_prompts_samples_and_the_steps_it_was_sampled_at(store):
+    run = make_run(store)
+    for step in (1, 2, 3):
+        store.record_step(run.id, step_report(step, reward=float(step)))
+    other = SampleRecord("train", 1, 0, "3+3?", "6", 1.0)
+    store.record_step(run.id, StepReport(step=2, metrics={}, samples=[other]))
+    assert store.prompt_steps(run.id, split="train", prompt="3+3?") == [2]
+    assert store.prompt_steps(run.id, split="train", prompt="2+2?") == [1, 2, 3]
+    assert store.prompt_steps(run.id, split="eval", prompt="2+2?") == []
+    assert [s.completion for s in store.samples(run.id, split="train", step=2)] == ["4", "6"]
+    assert store.samples(run.id, split="train", step=2, prompt="3+3?") == [other]
