@@ -67,7 +67,11 @@ class Sink(Protocol):
 
     def log_event(self, level: str, message: str) -> None: ...
 
-    def heartbeat(self, step: int) -> None: ...
+    def heartbeat(self, step: int) -> None:
+        """After every batch the loop draws: `step` is the run's progress against its total
+        steps, which counts a skipped LBES step (its batch is used up) as the reference's
+        progress bar does; the metrics' global step does not count it."""
+        ...
 
 
 class Reporter(Sink, Protocol):

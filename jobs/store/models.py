@@ -63,6 +63,8 @@ class Run(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The progress against total_steps: the batches the worker's heartbeat counts, a skipped
+    # LBES step included (engine.sink.Sink.heartbeat); metrics are at the global step.
     step: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     total_steps: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
