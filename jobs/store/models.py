@@ -112,6 +112,10 @@ class PopulationMember(Base):
     shaped_fitness: Mapped[float | None] = mapped_column(Float)
     reward: Mapped[float | None] = mapped_column(Float)
     cost: Mapped[float | None] = mapped_column(Float)
+    # Each (prompt, sample)'s reward and cost of the member (alignment runs; migration 0003);
+    # SQL NULL, not JSON null, where not recorded, so that a query can tell
+    sample_rewards: Mapped[list | None] = mapped_column(JSON(none_as_null=True))
+    sample_costs: Mapped[list | None] = mapped_column(JSON(none_as_null=True))
 
 
 class Sample(Base):
