@@ -1,13 +1,14 @@
 """The Run page's Alignment tab: lambda and J_C, mean reward and cost, the safe ratio, each
-ensemble member's score, one step's population (histograms of the members' reward and cost
-and their reward-vs-cost scatter, the reference's `helpfulness/dist`, `cost/dist` and
-`scatter/reward_vs_cost`), a reward-vs-cost scatter of one step's samples, and best-of-n
-curves of the run's checkpoints (`eslab bon` writes CHECKPOINT/bon.json)."""
+ensemble member's score, one step's population (histograms of the reward and the cost of
+every sample of every member and their reward-vs-cost scatter, the reference's
+`helpfulness/dist`, `cost/dist` and `scatter/reward_vs_cost`), a reward-vs-cost scatter of the
+completions logged at one step, and best-of-n curves of the run's checkpoints (`eslab bon`
+writes CHECKPOINT/bon.json)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import altair as alt
 import pandas as pd
@@ -71,49 +72,77 @@ def alignment_view(store: Store, run: RunRecord) -> None:
     _best_of_n(store, run)
 
 
+@dataclass(frozen=True)
+class Scores:
+    """One step's rewards and costs, a row per sample or per member, and the charts' words."""
+
+    rows: pd.DataFrame
+    unit: str  # what a row is: "samples" or "members"
+    histogram: str  # a histogram's title, of {field} at {step}
+    scatter: str  # the scatter's title, at {step}
+
+
+def step_scores(store: Store, run: RunRecord, step: int) -> Scores:
+    """Every sample of every member at `step`, as the reference histograms and scatters them,
+    where the run recorded its samples' scores (population rows of alignment runs); the
+    members' means for rows written without them (runs of an older ES Lab)."""
+    samples = pd.DataFrame(store.sample_scores(run.id, step))
+    if not samples.empty:
+        return Scores(
+            samples.dropna(subset=["reward", COST]),
+            "samples",
+            "{field} of every sample at step {step}",
+            "reward vs cost of every sample at step {step}",
+        )
+    members = pd.DataFrame(store.population(run.id, step))
+    return Scores(
+        members.dropna(subset=["reward", COST]) if not members.empty else members,
+        "members",
+        "members' mean {field} at step {step}",
+        "members' reward vs cost at step {step}",
+    )
+
+
 def _population(store: Store, run: RunRecord) -> None:
-    """One step's members by their mean reward and mean cost. The reference histograms every
-    sample's score; the database keeps each member's means (population rows), so these are
-    the members' distributions."""
     steps = store.population_steps(run.id)
     if not steps:
         return
     st.subheader("Population")
     step = _step_picker(steps, "run_alignment_population_step", "population_step")
-    df = pd.DataFrame(store.population(run.id, step))
-    df = df.dropna(subset=["reward", COST]) if not df.empty else df
-    if df.empty:
+    scores = step_scores(store, run, step)
+    if scores.rows.empty:
         st.caption(f"Step {step} has no members with a reward and a cost.")
         return
     left, right = st.columns(2)
-    left.altair_chart(_histogram(df, "reward", f"members' mean reward at step {step}"))
-    left.altair_chart(_histogram(df, COST, f"members' mean cost at step {step}"))
-    right.altair_chart(_members_scatter(df, step))
+    for field in ("reward", COST):
+        left.altair_chart(_histogram(scores, field, step))
+    right.altair_chart(_population_scatter(scores, step))
 
 
-def _histogram(df: pd.DataFrame, field: str, title: str) -> alt.Chart:
+def _histogram(scores: Scores, field: str, step: int) -> alt.Chart:
     return (
-        alt.Chart(df)
+        alt.Chart(scores.rows)
         .mark_bar()
         .encode(
             x=alt.X(f"{field}:Q", bin=alt.Bin(maxbins=30), title=field),
-            y=alt.Y("count():Q", title="members"),
+            y=alt.Y("count():Q", title=scores.unit),
         )
-        .properties(title=title, height=160)
+        .properties(title=scores.histogram.format(field=field, step=step), height=160)
     )
 
 
-def _members_scatter(df: pd.DataFrame, step: int) -> alt.Chart:
+def _population_scatter(scores: Scores, step: int) -> alt.Chart:
+    tooltip = [c for c in ("member", "seed", "reward", COST, "fitness") if c in scores.rows]
     return (
-        alt.Chart(df)
-        .mark_circle(size=50, opacity=0.7)
+        alt.Chart(scores.rows)
+        .mark_circle(size=40, opacity=0.7)
         .encode(
             x=alt.X("reward:Q"),
             y=alt.Y(f"{COST}:Q"),
-            color=alt.Color("fitness:Q", title="fitness"),
-            tooltip=["member", "seed", "reward", COST, "fitness"],
+            color=alt.Color("fitness:Q", title="member's fitness"),
+            tooltip=tooltip,
         )
-        .properties(title=f"members' reward vs cost at step {step}", height=340)
+        .properties(title=scores.scatter.format(step=step), height=340)
     )
 
 
@@ -145,7 +174,7 @@ def _scatter(store: Store, run: RunRecord) -> None:
             color=alt.Color("model:N"),
             tooltip=["model", "reward", COST, "completion"],
         )
-        .properties(title=f"reward vs cost of the samples of step {step}", height=300)
+        .properties(title=f"reward vs cost of the completions logged at step {step}", height=300)
     )
 
 

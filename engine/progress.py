@@ -22,7 +22,6 @@ class ProgressSink:
         }
         if shown:
             self.bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
-        self.bar.update(report.step - self.bar.n)
 
     def log_checkpoint(self, step: int, path: str) -> None:
         self.inner.log_checkpoint(step, path)
@@ -33,7 +32,10 @@ class ProgressSink:
             self.bar.write(f"{level}: {message}")
 
     def heartbeat(self, step: int) -> None:
+        """The bar counts the heartbeat's steps, a skipped LBES step included, as the
+        dashboard does."""
         self.inner.heartbeat(step)
+        self.bar.update(step - self.bar.n)
 
     def close(self) -> None:
         self.bar.close()

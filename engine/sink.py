@@ -25,6 +25,11 @@ class PopulationRecord:
     shaped_fitness: float | None
     reward: float | None = None
     cost: float | None = None
+    sample_rewards: list[float | None] | None = None
+    """Each (prompt, sample)'s reward of this member, prompts in order then samples (None for a
+    value that is not finite). With sample_costs, recorded by alignment runs: the Alignment tab
+    histograms every sample of a step, as the reference does, not only the members' means."""
+    sample_costs: list[float | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,11 @@ class Sink(Protocol):
 
     def log_event(self, level: str, message: str) -> None: ...
 
-    def heartbeat(self, step: int) -> None: ...
+    def heartbeat(self, step: int) -> None:
+        """After every batch the loop draws: `step` is the run's progress against its total
+        steps, which counts a skipped LBES step (its batch is used up) as the reference's
+        progress bar does; the metrics' global step does not count it."""
+        ...
 
 
 class Reporter(Sink, Protocol):

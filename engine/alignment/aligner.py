@@ -121,8 +121,21 @@ class Aligner:
     def with_scores(
         population: list[PopulationRecord], results: list[ScoredBatch]
     ) -> list[PopulationRecord]:
-        """Population rows carrying each member's mean reward and mean cost."""
+        """Population rows carrying each member's mean reward and mean cost, and the reward and
+        cost of each of its samples."""
         return [
-            replace(p, reward=float(r.rewards.mean()), cost=float(r.parts[COST].mean()))
+            replace(
+                p,
+                reward=float(r.rewards.mean()),
+                cost=float(r.parts[COST].mean()),
+                sample_rewards=_finite_list(r.rewards),
+                sample_costs=_finite_list(r.parts[COST]),
+            )
             for p, r in zip(population, results, strict=True)
         ]
+
+
+def _finite_list(scores: np.ndarray) -> list[float | None]:
+    """[prompts, n] scores, row-major, None where not finite: JSON (PostgreSQL's above all)
+    has no NaN."""
+    return [float(x) if np.isfinite(x) else None for x in scores.reshape(-1)]

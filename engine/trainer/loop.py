@@ -70,7 +70,9 @@ def train(
         # -- the loop
         # Each pass draws one batch, as nlp-waseda/lbes's loop over epochs and batches: the run
         # ends after total_steps batches (num_train_epochs of them, or max_steps), whether or
-        # not LBES skipped some of them.
+        # not LBES skipped some of them. The heartbeat counts the batches drawn, as the
+        # reference's progress bar does (a skipped step included); metrics are at the global
+        # step, which a skipped step does not advance.
         skipped = 0
         while data.batches.drawn(state.position) < data.total_steps:
             started = time.perf_counter()
@@ -148,7 +150,7 @@ def train(
                 last,
             ):
                 checkpoints.save(state)
-            sink.heartbeat(step)
+            sink.heartbeat(data.batches.drawn(position))
             if should_stop is not None and not last and should_stop():
                 checkpoints.save_for_resume(state)
                 raise TrainingStopped(f"stopped after step {step}, checkpoint saved")
@@ -213,13 +215,14 @@ def _after_skip(
     epoch_ended: bool,
     last: bool,
 ) -> None:
-    """After a skipped batch: the heartbeat, and the eval and save of an epoch's end (the
-    reference's come after its loop over an epoch's batches, skipped or not) or of the run's
-    last batch, at the global step the skipped batch leaves unchanged. The "steps" strategy
-    asks only at the last batch, and only for a step that its step rule did not already ask
-    for; step 0 is never asked for again (eval_before_train evaluated it)."""
+    """After a skipped batch: the heartbeat (the batches drawn, this one included), and the
+    eval and save of an epoch's end (the reference's come after its loop over an epoch's
+    batches, skipped or not) or of the run's last batch, at the global step the skipped batch
+    leaves unchanged. The "steps" strategy asks only at the last batch, and only for a step
+    that its step rule did not already ask for; step 0 is never asked for again
+    (eval_before_train evaluated it)."""
     step = state.global_step
-    sink.heartbeat(step)
+    sink.heartbeat(data.batches.drawn(state.position))
 
     def due(strategy: str, every: int | None) -> bool:
         if step == 0:

@@ -51,8 +51,8 @@ def plan_total_steps(config: RunConfig) -> int:
     """Check the inputs a run needs before it starts (reward functions, model folder,
     datasets, and that each dataset row gives the reward functions exactly the arguments
     they name) and return its number of steps: the batches its loop draws, which the progress
-    bar and the dashboard count the run's global step against (a skipped LBES step uses up a
-    batch without advancing the global step, so such a run ends below this number)."""
+    bar and the dashboard count the run's progress against (a skipped LBES step uses up a
+    batch, so it counts there, though not in the global step of the metrics)."""
     from engine.rewards import check_arguments, load_reward_function
 
     functions = {path: load_reward_function(path) for path in function_paths(config)}

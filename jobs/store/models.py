@@ -63,6 +63,8 @@ class Run(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The progress against total_steps: the batches the worker's heartbeat counts, a skipped
+    # LBES step included (engine.sink.Sink.heartbeat); metrics are at the global step.
     step: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     total_steps: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
@@ -110,6 +112,10 @@ class PopulationMember(Base):
     shaped_fitness: Mapped[float | None] = mapped_column(Float)
     reward: Mapped[float | None] = mapped_column(Float)
     cost: Mapped[float | None] = mapped_column(Float)
+    # Each (prompt, sample)'s reward and cost of the member (alignment runs; migration 0003);
+    # SQL NULL, not JSON null, where not recorded, so that a query can tell
+    sample_rewards: Mapped[list | None] = mapped_column(JSON(none_as_null=True))
+    sample_costs: Mapped[list | None] = mapped_column(JSON(none_as_null=True))
 
 
 class Sample(Base):

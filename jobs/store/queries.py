@@ -151,6 +151,29 @@ class RunQueries(StoreBase):
                 for p in rows
             ]
 
+    def sample_scores(self, run: int | str, step: int) -> list[dict[str, Any]]:
+        """One row per sample of each member at `step` whose samples' rewards and costs were
+        recorded (alignment runs): member, fitness, reward, cost. Empty for rows written
+        without them (before migration 0003, or a run without costs)."""
+        p = models.PopulationMember
+        with self._session() as s:
+            row = find_run(s, run)
+            rows = s.execute(
+                select(p.member, p.fitness, p.sample_rewards, p.sample_costs)
+                .where(
+                    p.run_id == row.id,
+                    p.step == step,
+                    p.sample_rewards.is_not(None),
+                    p.sample_costs.is_not(None),
+                )
+                .order_by(p.member)
+            )
+            return [
+                {"member": member, "fitness": fitness, "reward": reward, "cost": cost}
+                for member, fitness, rewards, costs in rows
+                for reward, cost in zip(rewards, costs, strict=True)
+            ]
+
     def population_points(self, run: int | str, max_points: int = 3000) -> list[dict[str, Any]]:
         """(step, member, fitness) rows of every `stride`-th step, the stride chosen in SQL so
         that at most about `max_points` rows come back."""

@@ -54,6 +54,8 @@ def aligned(seeded_url, dataset, tmp_path, monkeypatch):
                         shaped_fitness=0.0,
                         reward=0.3 + 0.1 * m,
                         cost=-0.2 + 0.05 * m * step,
+                        # step 1 as an ES Lab before per-sample scores wrote it
+                        **(sample_scores(m) if step == 2 else {}),
                     )
                     for m in range(4)
                 ],
@@ -95,31 +97,62 @@ def test_alignment_tab_draws_lambda_costs_scatter_and_best_of_n(aligned):
         "mean reward and cost",
         "safe ratio",
         "ensemble members",
-        "reward vs cost of the samples of step 2",
+        "reward vs cost of the completions logged at step 2",
         "best-of-n: proxy vs gold score",
     ):
         assert title in text, title
 
 
-def test_alignment_tab_draws_the_populations_reward_and_cost(aligned):
-    """Histograms of the members' mean reward and cost and their scatter, from the stored
-    population rows of the step in the URL (the last step by default)."""
+def sample_scores(member: int) -> dict[str, list[float]]:
+    """Three samples of each member, spread around its mean reward and cost."""
+    return {
+        "sample_rewards": [0.3 + 0.1 * member + d for d in (-0.2, 0.0, 0.2)],
+        "sample_costs": [-0.1 * member + d for d in (0.3, -0.1, -0.2)],
+    }
+
+
+def population_charts(run, **url) -> dict[str, tuple]:
+    at = page("app_pages/run.py", run=str(run.id), **url)
+    assert not at.exception
+    specs = {}
+    for chart in at.get("vega_lite_chart"):
+        spec = json.loads(chart.proto.spec)
+        specs[spec.get("title")] = (chart, spec)
+    return specs
+
+
+def test_alignment_tab_draws_every_samples_reward_and_cost(aligned):
+    """Histograms of the reward and the cost of every sample of every member, and their
+    scatter, as the reference's `helpfulness/dist`, `cost/dist` and reward-vs-cost scatter:
+    from the recorded sample scores of the step in the URL (the last step by default)."""
     _, run = aligned
-    for step, url in ((2, {}), (1, {"population_step": "1"})):
-        at = page("app_pages/run.py", run=str(run.id), **url)
-        assert not at.exception
-        specs = {}
-        for chart in at.get("vega_lite_chart"):
-            spec = json.loads(chart.proto.spec)
-            specs[spec.get("title")] = (chart, spec)
-        for title in ("reward", "cost"):
-            chart, spec = specs[f"members' mean {title} at step {step}"]
-            assert spec["mark"]["type"] == "bar" and spec["encoding"]["x"]["bin"]
-        chart, spec = specs[f"members' reward vs cost at step {step}"]
-        points = data_of(chart, spec)
-        drawn = np.array(sorted(zip(points["reward"], points["cost"], strict=True)))
-        stored = [(0.3 + 0.1 * m, -0.2 + 0.05 * m * step) for m in range(4)]
-        np.testing.assert_allclose(drawn, stored)
+    specs = population_charts(run)
+    stored = [(m, r, c) for m in range(4) for r, c in zip(*sample_scores(m).values(), strict=True)]
+    for i, field in ((1, "reward"), (2, "cost")):
+        chart, spec = specs[f"{field} of every sample at step 2"]
+        assert spec["mark"]["type"] == "bar" and spec["encoding"]["x"]["bin"]
+        assert spec["encoding"]["y"]["title"] == "samples"
+        binned = data_of(chart, spec)[field]
+        np.testing.assert_allclose(sorted(binned), sorted(s[i] for s in stored))
+    chart, spec = specs["reward vs cost of every sample at step 2"]
+    points = data_of(chart, spec)
+    drawn = sorted(zip(points["member"], points["reward"], points["cost"], strict=True))
+    np.testing.assert_allclose(drawn, sorted(stored))
+
+
+def test_alignment_tab_falls_back_to_the_members_means_without_sample_scores(aligned):
+    """A step recorded without its samples' scores (an older ES Lab) shows what it has: the
+    members' mean reward and cost."""
+    _, run = aligned
+    specs = population_charts(run, population_step="1")
+    for field in ("reward", "cost"):
+        chart, spec = specs[f"members' mean {field} at step 1"]
+        assert spec["encoding"]["y"]["title"] == "members"
+    chart, spec = specs["members' reward vs cost at step 1"]
+    points = data_of(chart, spec)
+    drawn = np.array(sorted(zip(points["reward"], points["cost"], strict=True)))
+    stored = [(0.3 + 0.1 * m, -0.2 + 0.05 * m) for m in range(4)]
+    np.testing.assert_allclose(drawn, stored)
 
 
 def data_of(chart, spec) -> pd.DataFrame:

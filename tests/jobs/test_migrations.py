@@ -3,6 +3,7 @@ import sqlite3
 import pytest
 from sqlalchemy import MetaData, inspect, select
 
+from engine.sink import PopulationRecord, StepReport
 from jobs.store.database import make_engine
 from jobs.store.errors import SchemaNewerError, SchemaOutdatedError, StoreError
 from jobs.store.migrate import current_revision, downgrade, head_revision, upgrade
@@ -184,4 +185,36 @@ def test_a_row_that_refers_to_a_missing_run_stops_the_migration_and_changes_noth
     engine = make_engine(url)
     assert current_revision(engine) == "0001"
     assert "scheduler_lock" not in inspect(engine).get_table_names()
+    engine.dispose()
+
+
+def test_0003_adds_each_samples_scores_and_leaves_earlier_rows_without(db_url):
+    upgrade(db_url, "0002")
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO runs (uuid, name, method, status, config, created_at, step, tags, notes)"
+            " VALUES ('u-1', 'old', 'es', 'failed', '{}', '2026-01-01 00:00:00', 1, '[]', '')"
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO population (run_id, step, member, seed, fitness, reward, cost)"
+            " VALUES (1, 1, 0, 7, 0.5, 1.0, -0.5)"
+        )
+    engine.dispose()
+    upgrade(db_url)
+    store = Store(db_url)
+    assert store.sample_scores("u-1", 1) == []  # recorded before: the members' means only
+    assert store.population("u-1", 1)[0]["cost"] == -0.5
+    scored = PopulationRecord(0, 7, 0.5, 0.0, 1.0, -0.5, sample_rewards=[1.0], sample_costs=[-0.5])
+    store.record_step("u-1", StepReport(step=2, metrics={}, population=[scored]))
+    assert store.sample_scores("u-1", 2) == [
+        {"member": 0, "fitness": 0.5, "reward": 1.0, "cost": -0.5}
+    ]
+    store.close()
+    downgrade(db_url, "0002")  # and back: the columns go, the rows stay
+    engine = make_engine(db_url)
+    columns = {c["name"] for c in inspect(engine).get_columns("population")}
+    assert not {"sample_rewards", "sample_costs"} & columns
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM population").scalar() == 2
     engine.dispose()

@@ -138,3 +138,32 @@ def test_one_prompts_samples_and_the_steps_it_was_sampled_at(store):
     assert store.prompt_steps(run.id, split="eval", prompt="2+2?") == []
     assert [s.completion for s in store.samples(run.id, split="train", step=2)] == ["4", "6"]
     assert store.samples(run.id, split="train", step=2, prompt="3+3?") == [other]
+
+
+def test_each_samples_reward_and_cost_of_the_members_round_trip(store):
+    """Alignment runs record every sample's reward and cost per member; rows without them
+    (a plain run, or written before migration 0003) give no sample rows."""
+    run = make_run(store)
+    scored = [
+        PopulationRecord(
+            member=m,
+            seed=m,
+            fitness=0.5 * m,
+            shaped_fitness=0.0,
+            reward=1.5,
+            cost=-0.5,
+            sample_rewards=[1.0, 2.0],
+            sample_costs=[-0.5, None],  # a cost that was not finite
+        )
+        for m in range(2)
+    ]
+    plain = PopulationRecord(member=2, seed=2, fitness=0.0, shaped_fitness=0.0)
+    store.record_step(run.id, StepReport(step=1, metrics={}, population=[*scored, plain]))
+    store.record_step(run.id, step_report(2, reward=1.0))
+    assert store.sample_scores(run.id, 1) == [
+        {"member": m, "fitness": 0.5 * m, "reward": r, "cost": c}
+        for m in range(2)
+        for r, c in ((1.0, -0.5), (2.0, None))
+    ]
+    assert [p["member"] for p in store.population(run.id, 1)] == [0, 1, 2]
+    assert store.sample_scores(run.id, 2) == []

@@ -138,3 +138,38 @@ def test_eval_mean_combined_is_the_references_with_the_latest_lambda(
             standardize=standardize,
         )
         assert report.metrics[mk.EVAL_MEAN_COMBINED] == pytest.approx(expected, rel=1e-5)
+
+
+def test_each_members_samples_carry_their_reward_and_cost(dataset, tmp_path):
+    """Every (prompt, sample)'s reward and cost of each member is recorded, in the order of
+    the member's logged completions, and the member's means are theirs."""
+    import numpy as np
+
+    sink = MemorySink()
+    with stub_scorer(varied) as url:
+        config = make_config(
+            dataset,
+            tmp_path,
+            reward_source="scorer",
+            reward_func_path=None,
+            scorer_url=url,
+            scorer_retries=0,
+            population_size=POPULATION,
+            max_steps=1,
+            n=2,
+            eval_strategy="no",
+        )
+        train(config, sink, pool=ToyPool())
+    (report,) = sink.steps
+    per_member = config.data.data_batch_size * config.sampling.n
+    for p in report.population:
+        assert len(p.sample_rewards) == len(p.sample_costs) == per_member
+        assert np.mean(p.sample_rewards) == pytest.approx(p.reward)
+        assert np.mean(p.sample_costs) == pytest.approx(p.cost)
+        assert set(p.sample_costs) == {0.5, -0.25}  # the scorer's, not their mean
+        logged = [s for s in report.samples if s.member == p.member]
+        for s in logged:
+            at = s.prompt_index * config.sampling.n + s.sample_index
+            assert (p.sample_rewards[at], p.sample_costs[at]) == (s.reward, s.reward_parts["cost"])
+    assert {s.member for s in report.samples} <= {p.member for p in report.population}
+    assert any(s.member is not None for s in report.samples)

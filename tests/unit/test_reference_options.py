@@ -1,13 +1,13 @@
 """Options of the references that ES Lab follows: save_best_model, report_to (TensorBoard event
-files read back with TensorBoard's own reader; W&B around a stand-in module, since the package
-is an optional extra) and ES at Scale's learning rate rule. The runs use the toy engine of
-test_trainer.py; the trainer, checkpoints and sinks are the real ones."""
+files and W&B's offline run log, each read back with its library's own reader) and ES at
+Scale's learning rate rule. The runs use the toy engine of test_trainer.py; the trainer,
+checkpoints and sinks are the real ones."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -117,45 +117,52 @@ def test_report_to_is_validated(dataset, tmp_path):  # noqa: F811
     assert make_config(dataset, tmp_path, report_to="none").logging.report_to is None
 
 
-class StandInWandb(types.ModuleType):
-    """What WandbSink calls of the wandb package: init, then log and finish on the run."""
-
-    def __init__(self) -> None:
-        super().__init__("wandb")
-        self.init_kwargs: dict = {}
-        self.logged: list[tuple[dict, int]] = []
-        self.finished = False
-
-    def init(self, **kwargs):
-        self.init_kwargs = kwargs
-        return self
-
-    def log(self, data: dict, step: int) -> None:
-        self.logged.append((data, step))
-
-    def finish(self) -> None:
-        self.finished = True
-
-
-def test_wandb_gets_every_step_at_its_step_and_is_finished(
+def test_wandb_writes_every_step_offline_where_wandb_reads_it_back(
     dataset,  # noqa: F811
     tmp_path,
     monkeypatch,
 ):
-    wandb = StandInWandb()
-    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    """The real wandb package, offline (no network here), through ES Lab's reporter; what it
+    wrote is read back by W&B's own reader of a run's .wandb log (`wandb leet inspect`)."""
+    pytest.importorskip("wandb", reason="wandb is not installed: the `wandb` extra (in `dev`)")
+    monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_PROJECT", "countdown")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for setting in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(setting, str(tmp_path / "wandb-home"))
     sink = MemorySink()
-    config = make_config(dataset, tmp_path, report_to="wandb", run_name="tiny")
+    config = make_config(
+        dataset, tmp_path, report_to="wandb", run_name="tiny", max_steps=5, logging_steps=2
+    )
     train(config, sink, pool=ToyPool())
-    assert wandb.init_kwargs == {
-        "project": "countdown",
-        "name": "tiny",
-        "dir": str(tmp_path / "out"),
-        "config": config.to_flat(),
+
+    (log,) = (tmp_path / "out" / "wandb").glob("offline-run-*/run-*.wandb")
+    records = wandb_records(log)
+    (run,) = [r["run"] for r in records if r["type"] == "run"]
+    assert (run["project"], run["display_name"]) == ("countdown", "tiny")
+    written_config = {k: v for k, v in run["config"]["update"].items() if k != "_wandb"}
+    assert written_config == config.to_flat()
+    history = {
+        r["history"]["step"]["num"]: r["history"]["item"] for r in records if r["type"] == "history"
     }
-    assert [(s.metrics, s.step) for s in sink.steps] == wandb.logged
-    assert wandb.finished
+    assert sorted(history) == [s.step for s in sink.steps] == [0, 2, 4, 5]  # each at its step
+    for report in sink.steps:
+        written = {k: v for k, v in history[report.step].items() if not k.startswith("_")}
+        assert written == pytest.approx(report.metrics, nan_ok=True)
+    assert {mk.reward_key(mk.TRAIN), EVAL_REWARD, mk.LEARNING_RATE} <= set(history[5])
+    assert [r["exit"]["exit_code"] for r in records if r["type"] == "exit"] == [0]  # finished
+
+
+def wandb_records(log) -> list[dict]:
+    """The records of a .wandb log as W&B's command line prints them, one JSON object a line."""
+    printed = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(log)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    return [json.loads(line) for line in printed.splitlines() if line.startswith("{")]
 
 
 def test_a_missing_tracker_library_fails_before_training_naming_the_extra(
