@@ -42,6 +42,7 @@ from sqlalchemy.engine import make_url
 
 from engine.paths import PROJECT_ROOT, data_dir
 from jobs.liveness import silent_seconds
+from jobs.outcome import with_log_tail
 from jobs.ray_jobs import JobState, RayJobs, RayUnavailableError, SubmitError
 from jobs.store.errors import StaleAttemptError
 from jobs.store.records import RunRecord
@@ -257,9 +258,7 @@ class Scheduler:
         if run.id in self._silenced:
             tail = self.ray_jobs.log_tail(sid, self.settings.log_tail_chars)
             reason = self._silenced.pop(run.id)
-            self._finish(
-                run, RunStatus.FAILED, f"{reason}; the end of its log:\n{tail}", "heartbeat timeout"
-            )
+            self._finish(run, RunStatus.FAILED, with_log_tail(reason, tail), "heartbeat timeout")
             return
         if state.is_terminal():
             # The worker records its own outcome before it exits; a job that ended while the
@@ -268,8 +267,9 @@ class Scheduler:
             self._finish(
                 run,
                 RunStatus.FAILED,
-                f"the worker's Ray job {sid} {state.message} before the run ended; "
-                f"the end of its log:\n{tail}",
+                with_log_tail(
+                    f"the worker's Ray job {sid} {state.message} before the run ended", tail
+                ),
                 f"Ray job {state.value}",
             )
 
