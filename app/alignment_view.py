@@ -33,7 +33,10 @@ def _lines(store: Store, run: RunRecord, keys: dict[str, str], title: str) -> al
     frames = [f for f in frames if not f.empty]
     if not frames:
         return None
-    return charts.metric_chart(pd.concat(frames), "step", title, color="series", band=False)
+    key = next(iter(keys)) if len(keys) == 1 else None  # one metric: its key under the title
+    return charts.metric_chart(
+        pd.concat(frames), "step", title, color="series", band=False, key=key
+    )
 
 
 def alignment_view(store: Store, run: RunRecord) -> None:

@@ -70,7 +70,9 @@ data = pd.concat(lines, ignore_index=True)
 if data.empty:
     st.info(f"None of these runs recorded {inert(metric)} yet.")
 else:
-    st.altair_chart(charts.metric_chart(data, x, metric, color="run", height=320))
+    st.altair_chart(
+        charts.metric_chart(data, x, charts.words(metric), color="run", height=320, key=metric)
+    )
 
 st.subheader("Summary")
 latest = store.latest_metrics([r.id for r in runs])
