@@ -111,7 +111,8 @@ def test_alignment_tab_draws_the_populations_reward_and_cost(aligned):
         specs = {}
         for chart in at.get("vega_lite_chart"):
             spec = json.loads(chart.proto.spec)
-            specs[spec.get("title")] = (chart, spec)
+            title = spec.get("title")  # a dict where the metric key is the subtitle
+            specs[title["text"] if isinstance(title, dict) else title] = (chart, spec)
         for title in ("reward", "cost"):
             chart, spec = specs[f"members' mean {title} at step {step}"]
             assert spec["mark"]["type"] == "bar" and spec["encoding"]["x"]["bin"]
