@@ -114,7 +114,7 @@ def _members_scatter(df: pd.DataFrame, step: int) -> alt.Chart:
             x=alt.X("reward:Q"),
             y=alt.Y(f"{COST}:Q"),
             color=alt.Color("fitness:Q", title="fitness"),
-            tooltip=["member", "seed", "reward", COST, "fitness"],
+            tooltip=charts.member_tooltip("reward", COST),
         )
         .properties(title=f"members' reward vs cost at step {step}", height=340)
     )

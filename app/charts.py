@@ -98,6 +98,18 @@ def planned_chart(done: pd.DataFrame, plan: pd.DataFrame, key: str) -> alt.Chart
     return alt.layer(planned, used).properties(title=title, height=220)
 
 
+def member_tooltip(*fields: str) -> list[str | alt.Tooltip]:
+    """What hovering a member's dot says: the member, its seed, `fields`, and its raw and
+    shaped fitness (the store's population row)."""
+    return [
+        "member",
+        alt.Tooltip("seed:Q", format="d"),
+        *fields,
+        alt.Tooltip("fitness:Q", title="raw fitness"),
+        alt.Tooltip("shaped_fitness:Q", title="shaped fitness"),
+    ]
+
+
 def population_chart(points: pd.DataFrame, summary: pd.DataFrame) -> alt.Chart:
     """Every member's fitness as points, the mean as a line and the min-max as a band;
     hovering a point names the member, its seed, and its raw and shaped fitness."""
@@ -113,13 +125,7 @@ def population_chart(points: pd.DataFrame, summary: pd.DataFrame) -> alt.Chart:
         .encode(
             x="step:Q",
             y="fitness:Q",
-            tooltip=[
-                "step",
-                "member",
-                alt.Tooltip("seed:Q", format="d"),
-                alt.Tooltip("fitness:Q", title="raw fitness"),
-                alt.Tooltip("shaped_fitness:Q", title="shaped fitness"),
-            ],
+            tooltip=["step", *member_tooltip()],
         )
     )
     # the members on top: under the mean line they would hide

@@ -18,9 +18,7 @@ from typing import Any
 
 import streamlit as st
 
-from jobs.liveness import status_label
 from jobs.outcome import LOG_TAIL
-from jobs.phases import Phase
 from jobs.store.records import RunRecord
 
 # Every ASCII punctuation character: CommonMark reads each one after a backslash as itself,
@@ -177,13 +175,6 @@ def number(value: float | None, digits: int = 4) -> str:
     """A number in a sentence: `digits` significant digits, MISSING when there is none."""
     text = cell(value)
     return text if text == MISSING else f"{value:.{digits}g}"
-
-
-def status_text(run: RunRecord, phase: Phase | None, timeout: float) -> str:
-    """The run's status (stale when its worker fell silent), with the phase a running run is
-    in before its steps and for how long: `running: starting engine (0m 12s)`."""
-    text = status_label(run, timeout)
-    return f"{text}: {phase.name} ({duration(phase.seconds())})" if phase else text
 
 
 def label(run: RunRecord) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from jobs.liveness import in_words, status_label
 from jobs.store.records import EventRecord, RunRecord
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
@@ -53,3 +54,11 @@ def current_phase(run: RunRecord, events: Sequence[EventRecord]) -> Phase | None
 def phase_of(store: Store, run: RunRecord) -> Phase | None:
     """`current_phase` from the store; reads the events of running runs only."""
     return current_phase(run, store.events(run.id)) if run.status is RunStatus.RUNNING else None
+
+
+def status_text(run: RunRecord, phase: Phase | None, timeout: float) -> str:
+    """The run's status (marked stale when its worker fell silent), with the phase a running
+    run is in and for how long: `running: starting engine (42 s)`. The Runs page and
+    `eslab runs` say it alike."""
+    text = status_label(run, timeout)
+    return f"{text}: {phase.name} ({in_words(phase.seconds())})" if phase else text

@@ -25,7 +25,7 @@ from app.views import (
 )
 from engine.paths import resolve_path
 from engine.trainer.checkpoints import best_checkpoint
-from jobs.liveness import stale_for
+from jobs.liveness import in_words, stale_for
 from jobs.phases import phase_of
 from jobs.scheduler import SchedulerSettings
 from jobs.store.errors import StoreError
@@ -62,7 +62,7 @@ def status() -> None:
     c4.metric("Time left", duration(eta(current)))
     if phase:
         st.info(
-            f"Starting engine for {duration(phase.seconds())}: the model is loading into the "
+            f"Starting engine for {in_words(phase.seconds())}: the model is loading into the "
             "engine (tens of seconds on a CPU); the first step follows."
         )
     silent = stale_for(current, HEARTBEAT_TIMEOUT)

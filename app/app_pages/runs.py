@@ -19,11 +19,10 @@ from app.views import (
     param_list,
     progress,
     set_param,
-    status_text,
     task_name,
 )
 from engine import metrics as mk
-from jobs.phases import phase_of
+from jobs.phases import phase_of, status_text
 from jobs.scheduler import SchedulerSettings
 from jobs.store.records import RunRecord
 from jobs.store.status import RunStatus

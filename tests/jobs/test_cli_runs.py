@@ -19,6 +19,7 @@ from app.cli.common import dashboard_url
 from engine.data.datasets import Example, write_dataset
 from engine.paths import PROJECT_ROOT
 from engine.sink import PopulationRecord, SampleRecord, StepReport
+from jobs import phases
 from jobs.service import dashboard_address, recorded_dashboard
 from jobs.store.status import RunStatus
 from tests.jobs.conftest import free_port
@@ -176,6 +177,18 @@ def test_runs_lists_status_and_progress(db, config_file, capsys):
     header, row = out.splitlines()
     assert header.split() == ["ID", "NAME", "METHOD", "STATUS", "STEP", "CREATED"]
     assert row.split()[:5] == [str(run.id), run.name, "es", "running", "3/4"]
+
+
+def test_runs_says_when_a_runs_engine_is_starting(db, config_file, capsys):
+    run_cli(capsys, "submit", str(config_file))
+    run = db.list_runs()[0]
+    db.start_run(run.id)
+    db.add_event(run.id, "info", phases.STARTING_ENGINE)  # as the worker notes it
+    _, out, _ = run_cli(capsys, "runs")
+    assert "  running: starting engine (0 s)  0/4  " in out.splitlines()[1]
+    db.add_event(run.id, "info", phases.engine_started(30.0))
+    _, out, _ = run_cli(capsys, "runs")
+    assert "  running  0/4  " in out.splitlines()[1]
 
 
 def test_cancel_a_queued_run_then_a_running_one(db, config_file, capsys, tmp_path):
