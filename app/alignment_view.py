@@ -34,7 +34,10 @@ def _lines(store: Store, run: RunRecord, keys: dict[str, str], title: str) -> al
     frames = [f for f in frames if not f.empty]
     if not frames:
         return None
-    return charts.metric_chart(pd.concat(frames), "step", title, color="series", band=False)
+    key = next(iter(keys)) if len(keys) == 1 else None  # one metric: its key under the title
+    return charts.metric_chart(
+        pd.concat(frames), "step", title, color="series", band=False, key=key
+    )
 
 
 def alignment_view(store: Store, run: RunRecord) -> None:
@@ -132,7 +135,11 @@ def _histogram(scores: Scores, field: str, step: int) -> alt.Chart:
 
 
 def _population_scatter(scores: Scores, step: int) -> alt.Chart:
-    tooltip = [c for c in ("member", "seed", "reward", COST, "fitness") if c in scores.rows]
+    tooltip = [
+        c
+        for c in ("member", "seed", "reward", COST, "fitness", "shaped_fitness")
+        if c in scores.rows
+    ]
     return (
         alt.Chart(scores.rows)
         .mark_circle(size=40, opacity=0.7)

@@ -42,6 +42,17 @@ def ema(values: Sequence[float] | pd.Series, smoothing: float) -> pd.Series:
     return series.ewm(alpha=1.0 - min(smoothing, 0.999), adjust=False).mean()
 
 
+def words(key: str) -> str:
+    """A metric key in words, for a title: `train/noise_std` -> `train noise std`."""
+    return key.replace("/", " ").replace("_", " ")
+
+
+def chart_title(text: str, key: str | None = None) -> str | alt.TitleParams:
+    """Every chart's title in one style: what it shows, in lower-case words, and beneath, in
+    small type, the metric key it draws (the name to look for in Compare and in exports)."""
+    return alt.TitleParams(text, subtitle=key) if key else text
+
+
 def x_axis(x: str = "step") -> alt.X:
     """Steps are whole numbers: no 1.05 ticks; wall time stays continuous. The labelExpr
     blanks fractional ticks where a renderer ignores tickMinStep (vl-convert's does)."""
@@ -60,9 +71,10 @@ def metric_chart(
     color: str | None = None,
     band: bool = True,
     height: int = 220,
+    key: str | None = None,
 ) -> alt.Chart:
     """A line of `value` against `x`, a min-max band where the data were bucketed, colour by
-    `color` (a run name in Compare)."""
+    `color` (a run name in Compare); `key`, the metric drawn, goes under the title."""
     base = alt.Chart(df).encode(x=x_axis(x))
     enc = {"color": alt.Color(f"{color}:N", title=None)} if color else {}
     line = base.mark_line().encode(
@@ -71,22 +83,36 @@ def metric_chart(
     layers = [line]
     if band and {"min", "max"} <= set(df.columns) and (df["min"] != df["max"]).any():
         layers.insert(0, base.mark_area(opacity=0.2).encode(y="min:Q", y2="max:Q", **enc))
-    return alt.layer(*layers).properties(title=title, height=height)
+    return alt.layer(*layers).properties(title=chart_title(title, key), height=height)
 
 
-def planned_chart(done: pd.DataFrame, plan: pd.DataFrame, title: str) -> alt.Chart:
-    """What was used (solid) and the planned schedule ahead (dashed)."""
+def planned_chart(done: pd.DataFrame, plan: pd.DataFrame, key: str) -> alt.Chart:
+    """What was used (solid) and the planned schedule ahead (dashed) of the metric `key`."""
     planned = (
         alt.Chart(plan)
         .mark_line(strokeDash=[4, 4], color="gray")
         .encode(x=x_axis(), y=alt.Y("value:Q", title=None))
     )
     used = alt.Chart(done).mark_line().encode(x="step:Q", y="value:Q")
+    title = chart_title(f"{words(key)} (planned: dashed)", key)
     return alt.layer(planned, used).properties(title=title, height=220)
 
 
+def member_tooltip(*fields: str) -> list[str | alt.Tooltip]:
+    """What hovering a member's dot says: the member, its seed, `fields`, and its raw and
+    shaped fitness (the store's population row)."""
+    return [
+        "member",
+        alt.Tooltip("seed:Q", format="d"),
+        *fields,
+        alt.Tooltip("fitness:Q", title="raw fitness"),
+        alt.Tooltip("shaped_fitness:Q", title="shaped fitness"),
+    ]
+
+
 def population_chart(points: pd.DataFrame, summary: pd.DataFrame) -> alt.Chart:
-    """Every member's fitness as points, the mean as a line and the min-max as a band."""
+    """Every member's fitness as points, the mean as a line and the min-max as a band;
+    hovering a point names the member, its seed, and its raw and shaped fitness."""
     band = (
         alt.Chart(summary)
         .mark_area(opacity=0.2)
@@ -96,7 +122,11 @@ def population_chart(points: pd.DataFrame, summary: pd.DataFrame) -> alt.Chart:
     dots = (
         alt.Chart(points)
         .mark_circle(size=30, opacity=0.6)
-        .encode(x="step:Q", y="fitness:Q", tooltip=["step", "member", "fitness"])
+        .encode(
+            x="step:Q",
+            y="fitness:Q",
+            tooltip=["step", *member_tooltip()],
+        )
     )
     # the members on top: under the mean line they would hide
     return alt.layer(band, mean, dots).properties(title="population fitness per step", height=260)

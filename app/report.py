@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import altair as alt
 
 from app import run_charts
-from app.views import duration, elapsed, mode
+from app.views import MISSING, duration, elapsed, mode
 from engine import metrics as mk
 from engine.extras import require
 from jobs.store.records import RunRecord
@@ -79,12 +79,12 @@ def summary_rows(store: Store, run: RunRecord) -> list[tuple[str, object]]:
         ("task", run.config.get("train_file")),
         ("step", f"{run.step} / {run.total_steps or '?'}"),
         ("created", run.created_at),
-        ("started", run.started_at or "–"),
-        ("finished", run.finished_at or "–"),
+        ("started", run.started_at or MISSING),
+        ("finished", run.finished_at or MISSING),
         ("elapsed", duration(elapsed(run))),
-        ("latest train reward", latest.get(mk.reward_key(mk.TRAIN), "–")),
-        ("best eval reward", "–" if best is None else best),
-        ("tags", ", ".join(run.tags) or "–"),
+        ("latest train reward", latest.get(mk.reward_key(mk.TRAIN), MISSING)),
+        ("best eval reward", MISSING if best is None else best),
+        ("tags", ", ".join(run.tags) or MISSING),
         ("uuid", run.uuid),
         *([("error", run.error)] if run.error else []),
     ]

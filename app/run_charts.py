@@ -14,10 +14,10 @@ from jobs.store.records import RunRecord
 from jobs.store.store import Store
 
 REWARD_CHARTS = (
-    (mk.reward_key(mk.TRAIN), "train reward mean"),
-    (mk.reward_key(mk.TRAIN, stat="std"), "train reward std"),
-    (mk.reward_key(mk.EVAL), "eval reward mean"),
-    (mk.TOKENS_PER_SECOND, "tokens / s"),
+    mk.reward_key(mk.TRAIN),
+    mk.reward_key(mk.TRAIN, stat="std"),
+    mk.reward_key(mk.EVAL),
+    mk.TOKENS_PER_SECOND,
 )
 # (metric, scheduler type option, initial, final, rate, power) of each planned schedule
 SCHEDULES = (
@@ -43,7 +43,8 @@ SCHEDULES = (
 def population(store: Store, run: RunRecord) -> alt.LayerChart | None:
     """Every member's fitness per step, or None before the first step."""
     points = pd.DataFrame(
-        store.population_points(run.id), columns=["step", "member", "fitness", "shaped_fitness"]
+        store.population_points(run.id),
+        columns=["step", "member", "seed", "fitness", "shaped_fitness"],
     )
     if points.empty:
         return None
@@ -76,7 +77,7 @@ def schedule(
         plan = charts.downsample(
             pd.DataFrame({"step": range(len(values)), "value": values}), "step", "value"
         )
-    return charts.planned_chart(done, plan, f"{key} (planned dashed)")
+    return charts.planned_chart(done, plan, key)
 
 
 def metric_figures(
@@ -84,10 +85,10 @@ def metric_figures(
 ) -> list[alt.LayerChart]:
     """Rewards, tokens/s, the schedules and the time per phase, against `x`."""
     figures = []
-    for key, title in REWARD_CHARTS:
+    for key in REWARD_CHARTS:
         df = charts.frame(store.metric_buckets(run.id, key), x, smoothing)
         if not df.empty:
-            figures.append(charts.metric_chart(df, x, title))
+            figures.append(charts.metric_chart(df, x, charts.words(key), key=key))
     figures += [schedule(store, run, *options) for options in SCHEDULES]
     phases = [
         charts.frame(store.metric_buckets(run.id, mk.time_key(p)), x).assign(phase=p)

@@ -9,13 +9,16 @@ st.code or a dataframe, which render nothing."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import streamlit as st
 
+from jobs.outcome import LOG_TAIL
 from jobs.store.records import RunRecord
 
 # Every ASCII punctuation character: CommonMark reads each one after a backslash as itself,
@@ -26,6 +29,9 @@ _DECIMAL = re.compile(r"[0-9]{1,19}")
 MAX_ID = 2**63 - 1
 """The largest run id (a 64-bit database integer)."""
 MAX_PAGE = 1_000_000
+MISSING = "-"
+"""What every page shows for a value that is not there (st.dataframe's `placeholder` too)."""
+TRACEBACK = "Traceback (most recent call last):"
 
 
 def param(name: str, default: str = "") -> str:
@@ -117,6 +123,60 @@ def show_error(text: object) -> None:
             st.code(str(text), language=None)
 
 
+def show_run_error(text: str) -> None:
+    """A failed run's error: what went wrong in words first, then the traceback or the end of
+    the worker's log behind an expander (see `error_parts`)."""
+    summary, details, title = error_parts(text)
+    st.error("  \n".join(inert(line) for line in summary.splitlines()))
+    if details:
+        with st.expander(title):
+            st.code(details, language=None)
+
+
+def error_parts(text: str) -> tuple[str, str | None, str]:
+    """(summary, details, what the details are) of a run's error. The worker stores its
+    traceback, whose last exception is the summary; the scheduler stores why it ended the
+    run and the end of the worker's log, in which the last exception, if any, is named."""
+    text = str(text).strip()
+    reason, marker, tail = text.partition(f"; {LOG_TAIL}\n")
+    if marker:
+        last = last_exception(tail)
+        summary = (
+            f"{reason}.\nThe last error in its log: {last.splitlines()[0]}" if last else reason
+        )
+        return summary, tail, "The end of the worker's log"
+    last = last_exception(text)
+    if last is not None:
+        return last, text, "Traceback"
+    return text, None, ""
+
+
+def last_exception(text: str) -> str | None:
+    """The exception that ends the last traceback in `text` (its type and message: the
+    lines after the traceback's last indented frame line), None when there is none."""
+    start = text.rfind(TRACEBACK)
+    if start < 0:
+        return None
+    lines = text[start:].splitlines()[1:]
+    last_frame = max((n for n, line in enumerate(lines) if line[:1].isspace()), default=-1)
+    exception = [line for line in lines[last_frame + 1 :] if line.strip()]
+    return "\n".join(exception) or None
+
+
+def cell(value: Any) -> str:
+    """A value as table text, MISSING when there is none (a column of text, never of mixed
+    types, which Arrow cannot convert)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return MISSING
+    return str(value)
+
+
+def number(value: float | None, digits: int = 4) -> str:
+    """A number in a sentence: `digits` significant digits, MISSING when there is none."""
+    text = cell(value)
+    return text if text == MISSING else f"{value:.{digits}g}"
+
+
 def label(run: RunRecord) -> str:
     return f"{run.name} (#{run.id})"
 
@@ -163,7 +223,7 @@ def eta(run: RunRecord) -> float | None:
 
 def duration(seconds: float | None) -> str:
     if seconds is None:
-        return "–"
+        return MISSING
     seconds = int(seconds)
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)

@@ -24,7 +24,7 @@ def stale_for(run: RunRecord, timeout: float, now: datetime | None = None) -> st
     timeout; None otherwise. Without `eslab serve`, nothing ends a run whose worker was
     killed: this is how the dashboard and `eslab runs` tell it."""
     silent = silent_seconds(run, now)
-    return None if silent is None or silent <= timeout else _minutes(silent)
+    return None if silent is None or silent <= timeout else in_words(silent)
 
 
 def status_label(run: RunRecord, timeout: float, now: datetime | None = None) -> str:
@@ -37,7 +37,8 @@ def status_label(run: RunRecord, timeout: float, now: datetime | None = None) ->
     )
 
 
-def _minutes(seconds: float) -> str:
+def in_words(seconds: float) -> str:
+    """A span of time as people say it: `42 s`, `7 min`, `3 h`."""
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 2 * 3600:

@@ -19,6 +19,15 @@ from jobs.store.store import Store
 
 log = logging.getLogger("jobs.worker")
 
+LOG_TAIL = "the end of its log:"
+"""Where an error that the scheduler records (the worker died or fell silent) turns to the
+tail of the worker's log: the dashboard shows the reason first and the tail on demand."""
+
+
+def with_log_tail(reason: str, tail: str) -> str:
+    """A run's error: why the scheduler ended it, then its worker's last log lines."""
+    return f"{reason}; {LOG_TAIL}\n{tail}"
+
 
 class RunOutcome:
     """The outcome of one attempt of a run. The first one recorded stands, whether it comes

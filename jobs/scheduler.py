@@ -28,20 +28,19 @@ import math
 import os
 import shlex
 import socket
-import stat
 import sys
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from engine.paths import PROJECT_ROOT, data_dir
+from engine.paths import PROJECT_ROOT
 from jobs.liveness import silent_seconds
+from jobs.outcome import with_log_tail
+from jobs.private_files import write_private
 from jobs.ray_jobs import JobState, RayJobs, RayUnavailableError, SubmitError
 from jobs.store.errors import StaleAttemptError
 from jobs.store.records import RunRecord
@@ -257,9 +256,7 @@ class Scheduler:
         if run.id in self._silenced:
             tail = self.ray_jobs.log_tail(sid, self.settings.log_tail_chars)
             reason = self._silenced.pop(run.id)
-            self._finish(
-                run, RunStatus.FAILED, f"{reason}; the end of its log:\n{tail}", "heartbeat timeout"
-            )
+            self._finish(run, RunStatus.FAILED, with_log_tail(reason, tail), "heartbeat timeout")
             return
         if state.is_terminal():
             # The worker records its own outcome before it exits; a job that ended while the
@@ -268,8 +265,9 @@ class Scheduler:
             self._finish(
                 run,
                 RunStatus.FAILED,
-                f"the worker's Ray job {sid} {state.message} before the run ended; "
-                f"the end of its log:\n{tail}",
+                with_log_tail(
+                    f"the worker's Ray job {sid} {state.message} before the run ended", tail
+                ),
                 f"Ray job {state.value}",
             )
 
@@ -417,9 +415,6 @@ class Scheduler:
         return {**env, **self.extra_env}
 
 
-PRIVATE_FOLDER = "private"  # in the data folder: files only this user may read
-
-
 def _database_env(url: Any) -> dict[str, str]:
     """How the worker finds the database. SQLite paths are made absolute (a Ray job starts
     in another folder). A URL with a password goes into a file only this user can read, in
@@ -432,58 +427,9 @@ def _database_env(url: Any) -> dict[str, str]:
     if not url.password:
         return {"ESLAB_DATABASE_URL": rendered}
     digest = hashlib.sha256(rendered.encode()).hexdigest()[:16]
-    path = _write_private(f"database-url-{digest}", rendered)
+    path = write_private(f"database-url-{digest}", rendered)
     # Empty, so that a URL the job inherits from the Ray head's environment cannot win.
     return {"ESLAB_DATABASE_URL": "", "ESLAB_DATABASE_URL_FILE": str(path)}
-
-
-def _write_private(name: str, text: str) -> Path:
-    """`name` in the private folder, readable by this user alone. Written under a fresh name
-    that no one can have prepared (O_EXCL, O_NOFOLLOW) and renamed over the old file, so a
-    link or a file that another user placed there never receives the text."""
-    folder = data_dir() / PRIVATE_FOLDER
-    with _private_folder(folder) as folder_fd:
-        temp = f".{name}.{uuid.uuid4().hex}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-        fd = os.open(temp, flags, 0o600, dir_fd=folder_fd)
-        try:
-            with os.fdopen(fd, "w") as file:
-                file.write(text)
-            os.replace(temp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
-        except BaseException:
-            os.unlink(temp, dir_fd=folder_fd)
-            raise
-    return folder / name
-
-
-@contextmanager
-def _private_folder(folder: Path) -> Iterator[int]:
-    """The folder's descriptor, after checking that it is a folder (not a link) of this user
-    that no one else may enter; created 0700 when missing. Everything inside is then reached
-    through the descriptor, so the folder cannot be swapped for another after the check."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with suppress(FileExistsError):
-        folder.mkdir(mode=0o700)
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError as exc:  # a link (ELOOP) or a file (ENOTDIR)
-        raise SubmitError(f"{folder} must be a folder, not a link or a file ({exc})") from exc
-    try:
-        info = os.fstat(fd)
-        if info.st_uid != os.geteuid():
-            raise SubmitError(
-                f"{folder} belongs to user id {info.st_uid}, not to this user "
-                f"({os.geteuid()}): it holds database passwords; remove it (ES Lab creates "
-                "its own)"
-            )
-        if stat.S_IMODE(info.st_mode) & 0o077:
-            raise SubmitError(
-                f"{folder} is open to other users (mode {stat.S_IMODE(info.st_mode):o}): it "
-                f"holds database passwords; `chmod 700 {folder}` or remove it"
-            )
-        yield fd
-    finally:
-        os.close(fd)
 
 
 def _add(total: dict[str, float], extra: Mapping[str, float]) -> None:

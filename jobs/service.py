@@ -25,8 +25,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from engine.config.urls import url_problem
 from engine.data.uploads import max_upload_mb
-from jobs.ray_jobs import RayJobs, RayUnavailableError
+from jobs.private_files import read_private, remove_private, write_private
+from jobs.ray_jobs import RayJobs, RayUnavailableError, SubmitError
 from jobs.scheduler import (
     LOCK_NAME,
     Scheduler,
@@ -39,6 +41,8 @@ from jobs.store.store import Store
 from jobs.uploads import clean_uploads
 
 RAY_START_TIMEOUT_S = 120.0
+DASHBOARD_FILE = "dashboard-url"
+"""In the private folder (jobs.private_files): the address of the serving dashboard."""
 DASHBOARD_APP = Path(__file__).resolve().parents[1] / "app" / "main.py"
 
 
@@ -257,15 +261,54 @@ def dashboard_command(host: str, port: int) -> list[str]:
 
 
 def run_dashboard(host: str, port: int) -> int:
-    """Streamlit in the foreground until it exits or Ctrl-C."""
+    """Streamlit in the foreground until it exits or Ctrl-C; its address recorded meanwhile
+    for `eslab submit`."""
     print(f"ES Lab dashboard on http://{host}:{port} (Ctrl-C stops it)", flush=True)
-    dashboard = subprocess.Popen(dashboard_command(host, port))
+    with recorded_dashboard(dashboard_address(host, port)):
+        dashboard = subprocess.Popen(dashboard_command(host, port))
+        try:
+            return dashboard.wait()
+        except KeyboardInterrupt:
+            return 0
+        finally:
+            _terminate(dashboard, timeout=10)
+
+
+def dashboard_address(host: str, port: int) -> str:
+    """Where this machine opens a dashboard bound to `host`: a wildcard bind (0.0.0.0, ::)
+    at the loopback address."""
+    shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+    return f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
+
+
+def serving_dashboard() -> str | None:
+    """The address of the dashboard `eslab serve` runs on this data folder, None when none
+    is recorded (or the record is not a URL)."""
+    url = (read_private(DASHBOARD_FILE) or "").strip()
+    return url if url and url_problem(url) is None else None
+
+
+@contextmanager
+def recorded_dashboard(url: str) -> Iterator[None]:
+    """`url` recorded as the serving dashboard while the block runs. When it ends, the
+    address it replaced comes back (a second `eslab serve` stopped while the first goes
+    on), unless a later one recorded its own since. A record that cannot be written is
+    said and skipped: the dashboard serves all the same."""
+    previous = serving_dashboard()
     try:
-        return dashboard.wait()
-    except KeyboardInterrupt:
-        return 0
+        write_private(DASHBOARD_FILE, url)
+    except (OSError, SubmitError) as exc:
+        print(f"eslab serve: `eslab submit` cannot learn this address: {exc}", flush=True)
+        yield
+        return
+    try:
+        yield
     finally:
-        _terminate(dashboard, timeout=10)
+        if serving_dashboard() == url:
+            if previous and previous != url:
+                write_private(DASHBOARD_FILE, previous)
+            else:
+                remove_private(DASHBOARD_FILE)
 
 
 def _terminate(process: subprocess.Popen, timeout: float) -> None:

@@ -37,12 +37,14 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from engine.sink import Sink, StepReport
+from jobs import phases
 from jobs.checkpoints import latest_checkpoint
 from jobs.outcome import RunOutcome
 from jobs.sink import DatabaseSink
@@ -173,6 +175,7 @@ class Worker:
         resume_from: str | Path | None = None,
         wrap_sink: Callable[[Sink], Sink] | None = None,
         release_engine: bool = True,
+        start_pool: Callable[[Any], Any] | None = None,
     ) -> None:
         """`foreground`: the run was created running by `eslab train`, which runs it in this
         process (no scheduler); otherwise the run must be queued and this worker claims it.
@@ -184,7 +187,9 @@ class Worker:
         `wrap_sink`: wraps the database sink (the command line's progress bar).
         `release_engine` False: the process exits right after the outcome is recorded (the
         Ray job's entrypoint), so the engine is left to the OS: releasing vLLM takes seconds
-        (3.3 s here) that a cancel should not have to wait for."""
+        (3.3 s here) that a cancel should not have to wait for.
+        `start_pool`: starts the engine pool for a trainer that takes one (default:
+        engine.trainer.start_pool; tests of the phases around it pass a stand-in)."""
         self.store = store
         self.run_id = run_id
         self.attempt = attempt
@@ -195,6 +200,7 @@ class Worker:
         self.resume_from = resume_from
         self.wrap_sink = wrap_sink or (lambda sink: sink)
         self.release_engine = release_engine
+        self.start_pool = start_pool or _start_pool
         self.stop = StopSignal()
         self._signals = 0
         self.outcome: RunOutcome | None = None  # once the run is ours
@@ -272,9 +278,7 @@ class Worker:
                 where = f"process {os.getpid()} on {socket.gethostname()}"
                 sink.log_event("info", f"`eslab train` runs this attempt in {where}")
             if accepts(train, "pool"):
-                from engine.trainer import start_pool
-
-                kwargs["pool"] = start_pool(config)
+                kwargs["pool"] = self._start_engine(config, sink)
             output = train(config, sink, **kwargs)
         except StaleAttemptError as exc:
             log.error("%s; this worker stops and records nothing", exc)
@@ -287,6 +291,15 @@ class Worker:
             return 1
         outcome.succeeded(output)
         return 0
+
+    def _start_engine(self, config: Any, sink: StoppingSink) -> Any:
+        """The engine pool, its start noted in the run's events (jobs.phases) so that the
+        dashboard says "starting engine" for the tens of seconds it takes."""
+        sink.log_event("info", phases.STARTING_ENGINE)
+        started = time.monotonic()
+        pool = self.start_pool(config)
+        sink.log_event("info", phases.engine_started(time.monotonic() - started))
+        return pool
 
     # -- signals ------------------------------------------------------------------------
 
@@ -349,6 +362,12 @@ def accepts(train: TrainFunction, parameter: str) -> bool:
         return parameter in inspect.signature(train).parameters
     except (TypeError, ValueError):
         return False
+
+
+def _start_pool(config: Any) -> Any:
+    from engine.trainer import start_pool  # vLLM: only in a worker that trains
+
+    return start_pool(config)
 
 
 def load_train(spec: str) -> TrainFunction:

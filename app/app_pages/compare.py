@@ -7,12 +7,15 @@ import streamlit as st
 from app import charts, forms
 from app.state import get_store
 from app.views import (
+    MISSING,
+    cell,
     duration,
     elapsed,
     id_params,
     inert,
     label,
     mode,
+    number,
     param,
     set_param,
     show_error,
@@ -67,7 +70,9 @@ data = pd.concat(lines, ignore_index=True)
 if data.empty:
     st.info(f"None of these runs recorded {inert(metric)} yet.")
 else:
-    st.altair_chart(charts.metric_chart(data, x, metric, color="run", height=320))
+    st.altair_chart(
+        charts.metric_chart(data, x, charts.words(metric), color="run", height=320, key=metric)
+    )
 
 st.subheader("Summary")
 latest = store.latest_metrics([r.id for r in runs])
@@ -90,12 +95,16 @@ st.dataframe(
         ]
     ),
     hide_index=True,
+    placeholder=MISSING,
 )
 
 st.subheader("Configuration")
 only = st.toggle("Only differences", value=param("all") != "1")
 set_param("all", "" if only else "1")
-st.dataframe(forms.config_diff({label(r): r.config for r in runs}, only), hide_index=True)
+# Values as text: a column holding a number for one option and a word for the next is one
+# Arrow cannot convert.
+as_text = {label(r): {k: cell(v) for k, v in r.config.items()} for r in runs}
+st.dataframe(forms.config_diff(as_text, only), hide_index=True)
 
 st.subheader("Same prompt, side by side")
 s1, s2, s3 = st.columns(3)
@@ -113,5 +122,5 @@ for col, (name, samples) in zip(cols, by_run.items(), strict=True):
     with col:
         st.markdown(f"**{inert(name)}**")
         for x in [s for s in samples if s.prompt_index == prompt][:4]:
-            st.caption(f"sample {x.sample_index} · reward {x.reward}")
+            st.caption(f"sample {x.sample_index} · reward {number(x.reward)}")
             st.text(x.completion)

@@ -9,6 +9,8 @@ from app.alignment_view import alignment_view
 from app.samples_view import Scope, lbes_view, sample_inspector
 from app.state import get_store
 from app.views import (
+    MISSING,
+    cell,
     duration,
     elapsed,
     eta,
@@ -18,11 +20,13 @@ from app.views import (
     param,
     set_param,
     show_error,
+    show_run_error,
     smoothing_param,
 )
 from engine.paths import resolve_path
 from engine.trainer.checkpoints import best_checkpoint
-from jobs.liveness import stale_for
+from jobs.liveness import in_words, stale_for
+from jobs.phases import phase_of
 from jobs.scheduler import SchedulerSettings
 from jobs.store.errors import StoreError
 
@@ -43,15 +47,24 @@ except StoreError as exc:
 
 
 def status() -> None:
-    """Status and actions; reruns itself every few seconds while the run is live."""
+    """Status and actions; reruns itself every few seconds while the run is live. A failed
+    run's error comes first; a run whose engine is starting says so, and for how long."""
     current = store.get_run(run.id)
     if current.status.is_terminal() and not run.status.is_terminal():
         st.rerun(scope="app")  # the run ended: redraw once without the timer
+    if current.error:
+        show_run_error(current.error)
+    phase = phase_of(store, current)
     c1, c2, c3, c4 = st.columns(4)
-    c1.metric("Status", current.status.value)
+    c1.metric("Status", phase.name if phase else current.status.value)
     c2.metric("Step", f"{current.step} / {current.total_steps or '?'}")
     c3.metric("Elapsed", duration(elapsed(current)))
     c4.metric("Time left", duration(eta(current)))
+    if phase:
+        st.info(
+            f"Starting engine for {in_words(phase.seconds())}: the model is loading into the "
+            "engine (tens of seconds on a CPU); the first step follows."
+        )
     silent = stale_for(current, HEARTBEAT_TIMEOUT)
     if silent:
         st.warning(
@@ -59,15 +72,13 @@ def status() -> None:
             "ends such a run once ESLAB_HEARTBEAT_TIMEOUT_S has passed; until one runs, the "
             f"run stays {current.status.value}."
         )
-    if current.error:
-        show_error(current.error)
     actions.buttons(store, current, "run")
 
 
 st.title(inert(run.name))
 st.caption(
     f"run {run.id} · {run.method} · {mode(run)} · uuid {run.uuid} · "
-    f"tags: {inert(', '.join(run.tags)) or '–'}"
+    f"tags: {inert(', '.join(run.tags)) or MISSING}"
 )
 refresh = None if run.status.is_terminal() else REFRESH_SECONDS
 st.fragment(run_every=refresh)(status)()
@@ -107,7 +118,7 @@ config_tab, samples_tab, lbes_tab, align_tab, events_tab, ckpt_tab, export_tab =
 )
 with config_tab:
     st.dataframe(
-        pd.DataFrame({"option": list(run.config), "value": [str(v) for v in run.config.values()]}),
+        pd.DataFrame({"option": list(run.config), "value": [cell(v) for v in run.config.values()]}),
         hide_index=True,
     )
 with samples_tab:
@@ -119,7 +130,9 @@ with align_tab:
 with events_tab:
     events = store.events(run.id)
     if events:
-        st.dataframe(pd.DataFrame([e.__dict__ for e in events]), hide_index=True)
+        st.dataframe(
+            pd.DataFrame([e.__dict__ for e in events]), hide_index=True, placeholder=MISSING
+        )
     else:
         st.info("No events yet.")
 with ckpt_tab:
@@ -128,7 +141,7 @@ with ckpt_tab:
         output_dir = run.config.get("output_dir")
         best = best_checkpoint(resolve_path(output_dir)) if output_dir else None
         rows = [{**c.__dict__, "best": resolve_path(c.path) == best} for c in ckpts]
-        st.dataframe(pd.DataFrame(rows), hide_index=True)
+        st.dataframe(pd.DataFrame(rows), hide_index=True, placeholder=MISSING)
         on_disk = [c for c in ckpts if resolve_path(c.path).is_dir()]
         if on_disk:
             chosen = st.selectbox(

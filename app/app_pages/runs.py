@@ -9,6 +9,7 @@ import streamlit as st
 from app import actions, auth
 from app.state import get_store
 from app.views import (
+    MISSING,
     inert,
     label,
     mode,
@@ -21,7 +22,7 @@ from app.views import (
     task_name,
 )
 from engine import metrics as mk
-from jobs.liveness import status_label
+from jobs.phases import phase_of, status_text
 from jobs.scheduler import SchedulerSettings
 from jobs.store.records import RunRecord
 from jobs.store.status import RunStatus
@@ -114,7 +115,7 @@ def table_and_actions(refreshing: bool) -> None:
             {
                 "id": r.id,
                 "name": r.name,
-                "status": status_label(r, HEARTBEAT_TIMEOUT),
+                "status": status_text(r, phase_of(store, r), HEARTBEAT_TIMEOUT),
                 "method": r.method,
                 "mode": mode(r),
                 "model": model_name(r),
@@ -124,7 +125,7 @@ def table_and_actions(refreshing: bool) -> None:
                 "best eval reward": best.get(r.id),
                 "train reward": lines[r.id],
                 "created": r.created_at,
-                "tags": ", ".join(r.tags),
+                "tags": ", ".join(r.tags) or MISSING,
                 "open": f"/run?run={r.id}",
             }
             for r in shown
@@ -136,6 +137,7 @@ def table_and_actions(refreshing: bool) -> None:
         on_select="rerun",
         selection_mode="multi-row",
         key="runs_table",
+        placeholder=MISSING,
         column_config={
             "progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=1),
             "train reward": st.column_config.LineChartColumn("train reward"),

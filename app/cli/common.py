@@ -113,9 +113,17 @@ def check_ray_address() -> None:
 
 
 def dashboard_url(run_id: int) -> str:
-    """The run's page; ESLAB_DASHBOARD_URL names the server when it is not the local one.
-    A bad setting is said in place of the link: the run it links to exists already."""
-    base = os.environ.get("ESLAB_DASHBOARD_URL", f"http://127.0.0.1:{DASHBOARD_PORT}")
+    """The run's page on the dashboard `eslab serve` runs on this data folder (on any
+    port), else on the default port; ESLAB_DASHBOARD_URL names the server when it is not
+    the local one. A bad setting is said in place of the link: the run it links to exists
+    already."""
+    from jobs.service import serving_dashboard
+
+    base = (
+        os.environ.get("ESLAB_DASHBOARD_URL")
+        or serving_dashboard()
+        or f"http://127.0.0.1:{DASHBOARD_PORT}"
+    )
     if problem := url_problem(base):
         return f"(no dashboard link: ESLAB_DASHBOARD_URL {problem})"
     return f"{base.rstrip('/')}/run?run={run_id}"

@@ -89,7 +89,7 @@ def cmd_clone(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from jobs.liveness import status_label
+    from jobs.phases import phase_of, status_text
     from jobs.scheduler import SchedulerSettings
 
     try:
@@ -99,6 +99,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         return 2
     with open_store() as store:
         runs = store.list_runs(limit=args.limit)
+        statuses = [status_text(r, phase_of(store, r), timeout) for r in runs]
     if not runs:
         print("no runs yet; `eslab submit CONFIG.yaml` queues one")
         return 0
@@ -108,11 +109,11 @@ def cmd_runs(args: argparse.Namespace) -> int:
             str(r.id),
             r.name,
             r.method,
-            status_label(r, timeout),
+            status,
             f"{r.step}/{r.total_steps or '?'}",
             r.created_at.astimezone().strftime("%Y-%m-%d %H:%M"),
         )
-        for r in runs
+        for r, status in zip(runs, statuses, strict=True)
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:

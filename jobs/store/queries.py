@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from engine.sink import SampleRecord
 from jobs.store import models
 from jobs.store.records import CheckpointRecord, EventRecord, MetricPoint, RunExport
-from jobs.store.rows import find_run, run_record
+from jobs.store.rows import aware, find_run, run_record
 from jobs.store.session import StoreBase
 
 
@@ -175,20 +175,26 @@ class RunQueries(StoreBase):
             ]
 
     def population_points(self, run: int | str, max_points: int = 3000) -> list[dict[str, Any]]:
-        """(step, member, fitness) rows of every `stride`-th step, the stride chosen in SQL so
-        that at most about `max_points` rows come back."""
+        """(step, member, seed, fitness, shaped_fitness) rows of every `stride`-th step, the
+        stride chosen in SQL so that at most about `max_points` rows come back."""
         p = models.PopulationMember
         with self._session() as s:
             row = find_run(s, run)
             total = s.scalar(select(func.count()).select_from(p).where(p.run_id == row.id)) or 0
             stride = max(1, -(-total // max_points))
             rows = s.execute(
-                select(p.step, p.member, p.fitness, p.shaped_fitness)
+                select(p.step, p.member, p.seed, p.fitness, p.shaped_fitness)
                 .where(p.run_id == row.id, p.step % stride == 0)
                 .order_by(p.step, p.member)
             )
             return [
-                {"step": r[0], "member": r[1], "fitness": r[2], "shaped_fitness": r[3]}
+                {
+                    "step": r[0],
+                    "member": r[1],
+                    "seed": r[2],
+                    "fitness": r[3],
+                    "shaped_fitness": r[4],
+                }
                 for r in rows
             ]
 
@@ -286,7 +292,8 @@ class RunQueries(StoreBase):
                 .order_by(models.Event.created_at, models.Event.id)
             )
             return [
-                EventRecord(created_at=e.created_at, level=e.level, message=e.message) for e in rows
+                EventRecord(created_at=aware(e.created_at), level=e.level, message=e.message)
+                for e in rows
             ]
 
     def export_run(self, run: int | str) -> RunExport:

@@ -117,7 +117,8 @@ def population_charts(run, **url) -> dict[str, tuple]:
     specs = {}
     for chart in at.get("vega_lite_chart"):
         spec = json.loads(chart.proto.spec)
-        specs[spec.get("title")] = (chart, spec)
+        title = spec.get("title")  # a dict where the metric key is the subtitle
+        specs[title["text"] if isinstance(title, dict) else title] = (chart, spec)
     return specs
 
 

@@ -30,8 +30,8 @@ def test_report_is_self_contained(store):
         "population fitness per step",
         "train reward mean",
         "eval reward mean",
-        "train/noise_std (planned dashed)",
-        "train/learning_rate (planned dashed)",
+        "train noise std (planned: dashed)",
+        "train learning rate (planned: dashed)",
         "seconds per phase",
     ]
     assert html.count("<svg") == len(titles)

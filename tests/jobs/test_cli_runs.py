@@ -4,20 +4,34 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+import uuid
 
 import pytest
 import yaml
 
 from app.cli import main
+from app.cli.common import dashboard_url
 from engine.data.datasets import Example, write_dataset
+from engine.paths import PROJECT_ROOT
 from engine.sink import PopulationRecord, SampleRecord, StepReport
+from jobs import phases
+from jobs.service import dashboard_address, recorded_dashboard
 from jobs.store.status import RunStatus
+from tests.jobs.conftest import free_port
+from tests.jobs.helpers import wait_for
 
 
 @pytest.fixture
-def db(sqlite_store, sqlite_url, monkeypatch):
+def db(sqlite_store, sqlite_url, monkeypatch, tmp_path):
     monkeypatch.setenv("ESLAB_DATABASE_URL", sqlite_url)
     monkeypatch.delenv("ESLAB_DASHBOARD_URL", raising=False)
+    # a data folder of its own: no `eslab serve` of this machine records its address there
+    monkeypatch.setenv("ESLAB_DATA_DIR", str(tmp_path / "data"))
     return sqlite_store
 
 
@@ -69,6 +83,73 @@ def test_submit_validates_queues_and_prints_the_run_and_its_url(db, config_file,
     ]
 
 
+def submitted_url(capsys, config_file) -> str:
+    """The link `eslab submit` prints for a new run (each in an output_dir of its own)."""
+    output_dir = config_file.parent / f"out-{uuid.uuid4().hex[:8]}"
+    code, out, err = run_cli(
+        capsys, "submit", str(config_file), "--set", f"output_dir={output_dir}"
+    )
+    assert code == 0, err
+    return out.splitlines()[-1]
+
+
+def test_submit_prints_the_address_of_the_dashboard_that_serves(db, config_file, capsys):
+    """The dashboard of `eslab serve` (jobs.service.run_dashboard, which serve runs with or
+    without the scheduler) on a port of its own: submit links to it while it serves, and to
+    the default address once it has stopped."""
+    port = free_port()
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from jobs.service import run_dashboard; run_dashboard('127.0.0.1', {port})",
+        ],
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _answers(f"{base}/_stcore/health"), 60, "the dashboard to serve")
+        assert submitted_url(capsys, config_file) == f"{base}/run?run=1"
+    finally:
+        serve.send_signal(signal.SIGINT)  # Ctrl-C, as in serve's terminal
+        assert serve.wait(30) == 0
+    assert submitted_url(capsys, config_file) == "http://127.0.0.1:8501/run?run=2"
+
+
+def test_a_dashboard_on_every_address_is_linked_at_loopback():
+    assert dashboard_address("0.0.0.0", 8502) == "http://127.0.0.1:8502"
+    assert dashboard_address("::", 8502) == "http://127.0.0.1:8502"
+    assert dashboard_address("::1", 8502) == "http://[::1]:8502"
+    assert dashboard_address("lab.example", 80) == "http://lab.example:80"
+
+
+def test_the_dashboard_address_setting_wins_and_a_foreign_record_is_ignored(
+    db, monkeypatch, tmp_path
+):
+    with recorded_dashboard("http://127.0.0.1:8642"):
+        with recorded_dashboard("http://127.0.0.1:8643"):
+            assert dashboard_url(7) == "http://127.0.0.1:8643/run?run=7"
+        # the second serve stopped: the first one's address again
+        assert dashboard_url(7) == "http://127.0.0.1:8642/run?run=7"
+        monkeypatch.setenv("ESLAB_DASHBOARD_URL", "https://lab.example/eslab")
+        assert dashboard_url(7) == "https://lab.example/eslab/run?run=7"
+        monkeypatch.delenv("ESLAB_DASHBOARD_URL")
+        os.chmod(tmp_path / "data" / "private", 0o777)  # others could have written the record
+        assert dashboard_url(7) == "http://127.0.0.1:8501/run?run=7"
+        os.chmod(tmp_path / "data" / "private", 0o700)
+    assert dashboard_url(7) == "http://127.0.0.1:8501/run?run=7"
+    assert os.listdir(tmp_path / "data" / "private") == []
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 def test_submit_refuses_bad_input_and_stores_nothing(db, config_file, capsys, tmp_path):
     code, _, err = run_cli(
         capsys, "submit", str(config_file), "--set", f"train_file={tmp_path / 'missing.parquet'}"
@@ -96,6 +177,18 @@ def test_runs_lists_status_and_progress(db, config_file, capsys):
     header, row = out.splitlines()
     assert header.split() == ["ID", "NAME", "METHOD", "STATUS", "STEP", "CREATED"]
     assert row.split()[:5] == [str(run.id), run.name, "es", "running", "3/4"]
+
+
+def test_runs_says_when_a_runs_engine_is_starting(db, config_file, capsys):
+    run_cli(capsys, "submit", str(config_file))
+    run = db.list_runs()[0]
+    db.start_run(run.id)
+    db.add_event(run.id, "info", phases.STARTING_ENGINE)  # as the worker notes it
+    _, out, _ = run_cli(capsys, "runs")
+    assert "  running: starting engine (0 s)  0/4  " in out.splitlines()[1]
+    db.add_event(run.id, "info", phases.engine_started(30.0))
+    _, out, _ = run_cli(capsys, "runs")
+    assert "  running  0/4  " in out.splitlines()[1]
 
 
 def test_cancel_a_queued_run_then_a_running_one(db, config_file, capsys, tmp_path):

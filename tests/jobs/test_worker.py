@@ -9,13 +9,17 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from engine.paths import PROJECT_ROOT
+from jobs import phases
 from jobs.outcome import RunOutcome
 from jobs.store.status import RunStatus
+from jobs.worker import Worker
+from tests.jobs import standin
 from tests.jobs.helpers import STANDIN, queue_run, wait_for
 
 STEP_SECONDS = "0.15"
@@ -254,3 +258,39 @@ def test_an_attempt_that_is_not_a_whole_number_from_1_is_refused(sqlite_store, s
     code, out = finish(start_worker(sqlite_url, 1, attempt=attempt))
     assert code == 2
     assert f"argument --attempt: must be a whole number from 1, got '{attempt}'" in out
+
+
+def test_the_engine_start_is_a_phase_of_the_run(sqlite_store, tmp_path):
+    """While the engine starts, the run's events say so (the dashboard's "starting engine"),
+    and once it is up, how long it took; the engine is a stand-in that waits for the test."""
+    run = queue_run(sqlite_store, tmp_path / "out")
+    release = threading.Event()
+
+    def start_pool(config):
+        assert release.wait(10)
+        return None
+
+    def train_with_pool(config, sink, *, pool=None, resume_from=None):
+        return standin.train(config, sink, resume_from=resume_from)
+
+    worker = Worker(
+        sqlite_store, run.id, train=train_with_pool, heartbeat_seconds=0.2, start_pool=start_pool
+    )
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        phase = wait_for(
+            lambda: phases.phase_of(sqlite_store, sqlite_store.get_run(run.id)),
+            timeout=10,
+            what="the starting engine phase",
+        )
+        assert phase.name == phases.STARTING_ENGINE and phase.seconds() < 10
+        assert sqlite_store.get_run(run.id).step == 0
+    finally:
+        release.set()
+        thread.join(30)
+    assert sqlite_store.get_run(run.id).status is RunStatus.SUCCEEDED
+    messages = [e.message for e in sqlite_store.events(run.id)]
+    assert messages[0] == phases.STARTING_ENGINE
+    assert messages[1].startswith("engine started in ")
+    assert phases.phase_of(sqlite_store, sqlite_store.get_run(run.id)) is None

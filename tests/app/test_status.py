@@ -1,0 +1,94 @@
+"""What the Run and Runs pages say of a run's state: "starting engine" with the time it has
+taken while the worker's engine starts (the events jobs.worker writes), and a failed run's
+error in words first, with its traceback or the end of its log behind an expander."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import text
+from streamlit.testing.v1 import AppTest
+
+from app.views import error_parts
+from jobs import phases
+from jobs.outcome import format_traceback, with_log_tail
+from jobs.store.rows import utcnow
+from jobs.store.status import RunStatus
+from tests.app.test_pages import MAIN, TIMEOUT, page, store  # noqa: F401 (store: the seeded-database fixture)
+
+
+def starting_run(store, seconds_ago: float):  # noqa: F811
+    """A running run at step 0 whose worker noted the engine's start `seconds_ago`."""
+    run = store.create_run(
+        name="fresh-run", method="es", config={}, total_steps=5, status=RunStatus.RUNNING
+    )
+    store.add_event(run.id, "info", phases.STARTING_ENGINE)
+    with store.engine.begin() as c:  # as if the event had been written back then
+        c.execute(
+            text("UPDATE events SET created_at = :t WHERE run_id = :r"),
+            {"t": utcnow() - timedelta(seconds=seconds_ago), "r": run.id},
+        )
+    return run
+
+
+def flat(node) -> list:
+    """Every element of an AppTest tree, in page order."""
+    children = getattr(node, "children", None)
+    if not children:
+        return [node]
+    return [leaf for child in children.values() for leaf in flat(child)]
+
+
+def test_a_run_whose_engine_starts_says_so_with_the_time_taken(store):  # noqa: F811
+    run = starting_run(store, seconds_ago=42)
+    at = page("app_pages/run.py", run=str(run.id))
+    assert not at.exception
+    assert at.metric[0].value == "starting engine"
+    assert "Starting engine for 4" in at.info[0].value  # 42 s and the page's own time
+
+    table = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run().dataframe[0].value
+    status = dict(zip(table["name"], table["status"], strict=True))
+    assert status["fresh-run"].startswith("running: starting engine (4")
+    assert status["alpha-run"] == "running"  # its steps run: no phase
+
+    store.add_event(run.id, "info", phases.engine_started(31.2))
+    at = page("app_pages/run.py", run=str(run.id))
+    assert at.metric[0].value == "running"
+    assert not [i for i in at.info if "Starting engine" in i.value]
+
+
+def test_a_failed_run_shows_its_error_first_and_the_traceback_on_demand(store):  # noqa: F811
+    run = store.search_runs(text="alpha")[0][0]
+    try:
+        try:
+            raise KeyError("prompt")
+        except KeyError as exc:
+            raise ValueError("the reward function engine.rewards.x failed\non sample 3") from exc
+    except ValueError as exc:
+        traceback = format_traceback(exc)
+    store.finish_run(run.id, RunStatus.FAILED, error=traceback)
+    at = page("app_pages/run.py", run=str(run.id))
+    assert not at.exception
+    kinds = [type(e).__name__ for e in flat(at.main)]
+    assert kinds.index("Error") < kinds.index("Metric")
+    shown = at.error[0].value.replace("\\", "")
+    assert shown == "ValueError: the reward function engine.rewards.x failed  \non sample 3"
+    assert [e.label for e in at.expander] == ["Traceback"]
+    assert "KeyError" in at.code[0].value
+
+
+def test_a_run_the_scheduler_failed_names_the_reason_and_the_logs_last_error():
+    log = (
+        "2026-11-27 INFO jobs.worker: run 3 resumes\n"
+        "Traceback (most recent call last):\n"
+        '  File "jobs/worker.py", line 1, in <module>\n'
+        "    import missing\n"
+        "ModuleNotFoundError: No module named 'missing'\n"
+    )
+    reason = "the worker's Ray job uuid-2 FAILED before the run ended"
+    summary, details, title = error_parts(with_log_tail(reason, log))
+    assert summary == (
+        f"{reason}.\nThe last error in its log: ModuleNotFoundError: No module named 'missing'"
+    )
+    assert details == log.strip() and title == "The end of the worker's log"
+    assert error_parts("no heartbeat for 90 s") == ("no heartbeat for 90 s", None, "")
