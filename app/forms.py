@@ -185,15 +185,16 @@ def render_fields(errors: dict[str, str]) -> None:
                     _widget(spec, errors)
 
 
-def form_values() -> dict[str, Any]:
-    """The flat values the widgets hold; empty text means 'not set' (the schema default),
-    and for output_dir the run's own folder."""
-    method = st.session_state.get(key("method"), "es")
+def form_values(state: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The flat values the widgets hold (in `state`, the session's by default); empty text
+    means 'not set' (the schema default), and for output_dir the run's own folder."""
+    state = st.session_state if state is None else state
+    method = state.get(key("method"), "es")
     values: dict[str, Any] = {}
     for spec in config_fields():
         if method not in spec.methods:
             continue
-        value = st.session_state.get(key(spec.name))
+        value = state.get(key(spec.name))
         if value is None or (isinstance(value, str) and not value.strip()):
             if spec.nullable:
                 values[spec.name] = None
