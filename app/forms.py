@@ -38,7 +38,7 @@ OFFERS: dict[str, Callable[[], list[str]]] = {
     "train_file": dataset_files,
     "eval_file": dataset_files,
 }
-PLACEHOLDERS = {"output_dir": "the run's folder, data/runs/RUN_NAME"}
+PLACEHOLDERS = {"output_dir": "the run's own folder in the data folder, runs/RUN_NAME"}
 # The output_dir the form chose itself; it follows the run name until someone edits it.
 AUTO_OUTPUT_DIR = PREFIX + "output_dir_auto"
 

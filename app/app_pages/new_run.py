@@ -1,5 +1,6 @@
-"""New run: a form generated from the configuration schema, presets, YAML in and out, a
-parquet upload (editors only, size-capped, kept only once it loads as a dataset);
+"""New run: a form generated from the configuration schema, presets (what each is for and
+needs, and a button that generates its missing data), YAML in and out, a parquet upload
+(editors only, size-capped, kept only once it loads as a dataset);
 submitting queues the run the way `eslab submit` does and opens its page. `?clone=ID`
 starts from another run's config."""
 
