@@ -16,8 +16,8 @@ MODELS_FOLDER = "models"
 RUNS_FOLDER = "runs"
 # Folders of the data folder that hold no datasets: weights, checkpoints, caches, secrets.
 NOT_DATASETS = frozenset({MODELS_FOLDER, RUNS_FOLDER, "cache", "private"})
-# Datasets lie at most this deep (data/countdown3/train.parquet is depth 2); a deeper walk
-# would only read folders people keep there for other reasons.
+# Datasets are looked for at most two folders down (data/a/b/x.parquet); a deeper walk would
+# only read folders people keep there for other reasons.
 MAX_DATASET_DEPTH = 3
 
 
