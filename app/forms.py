@@ -1,9 +1,13 @@
-"""The New run form, generated from engine.config.config_fields() (no option restated here),
-its dataset upload, and the configuration diff of Compare."""
+"""The New run form, generated from engine.config.config_fields() (no option restated here):
+each field labelled in people's words with its option name beside it, its help from the
+schema, the model and dataset fields offering what the data folder holds, and the run's own
+output folder unless told otherwise; its dataset upload, and the configuration diff of
+Compare."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pandas as pd
@@ -12,6 +16,7 @@ import streamlit as st
 from app import actions
 from app.views import inert
 from engine.config import (
+    GROUP_TITLES,
     ConfigError,
     FieldSpec,
     RunConfig,
@@ -21,26 +26,31 @@ from engine.config import (
     scalar_errors,
 )
 from engine.data.datasets import DatasetError
+from engine.data.local import dataset_files, default_output_dir, model_folders
 from engine.data.uploads import config_path, keep_upload
 from jobs.store.store import Store
 from jobs.uploads import clean_uploads
 
 PREFIX = "new_"
-GROUP_TITLES = {
-    "": "Method",
-    "model": "Model and engine",
-    "sampling": "Sampling",
-    "es": "ES",
-    "data": "Data",
-    "reward": "Reward",
-    "lbes": "LBES filters",
-    "eval": "Eval and save",
-    "logging": "Logging",
+# Fields that offer what the data folder holds (any other value may still be typed).
+OFFERS: dict[str, Callable[[], list[str]]] = {
+    "model": model_folders,
+    "train_file": dataset_files,
+    "eval_file": dataset_files,
 }
+PLACEHOLDERS = {"output_dir": "the run's own folder in the data folder, runs/RUN_NAME"}
+# The output_dir the form chose itself; it follows the run name until someone edits it.
+AUTO_OUTPUT_DIR = PREFIX + "output_dir_auto"
 
 
 def key(name: str) -> str:
     return PREFIX + name
+
+
+def label(spec: FieldSpec) -> str:
+    """The option in people's words with its YAML name beside it, e.g.
+    "Noise std (sigma) `noise_std`"; required ones end in " *"."""
+    return f"{spec.label} `{spec.name}`" + (" *" if spec.required else "")
 
 
 def shown(value: Any) -> Any:
@@ -62,9 +72,33 @@ def load_into_form(flat: Mapping[str, Any], method: str | None = None) -> None:
             value = value if isinstance(value, bool) else str(value).strip().lower() == "true"
         elif spec.choices:
             value = value if value in spec.choices else spec.default_for(method)
+        elif spec.name in OFFERS:  # a selectbox: a value or None, never ""
+            value = shown(value) or None
         else:
             value = shown(value)
         st.session_state[key(spec.name)] = value
+    st.session_state[AUTO_OUTPUT_DIR] = None
+
+
+def name_the_run(base: str) -> None:
+    """Give the form's run a name when it has none (BASE-xxxxxx) and, when output_dir is
+    empty, the run's own folder under the data folder (data/runs/RUN_NAME)."""
+    if not str(st.session_state.get(key("run_name")) or "").strip():
+        st.session_state[key("run_name")] = f"{base}-{uuid.uuid4().hex[:6]}"
+    if not str(st.session_state.get(key("output_dir")) or "").strip():
+        st.session_state[key("output_dir")] = ""
+        st.session_state[AUTO_OUTPUT_DIR] = ""
+    follow_run_name()
+
+
+def follow_run_name() -> None:
+    """output_dir follows the run name while it is the folder the form chose itself."""
+    name = str(st.session_state.get(key("run_name")) or "").strip()
+    chosen = st.session_state.get(AUTO_OUTPUT_DIR)
+    if name and chosen is not None and st.session_state.get(key("output_dir")) == chosen:
+        st.session_state[key("output_dir")] = st.session_state[AUTO_OUTPUT_DIR] = (
+            default_output_dir(name)
+        )
 
 
 def parse_yaml(text: str | bytes, source: str = "the YAML") -> dict[str, Any]:
@@ -100,17 +134,34 @@ def upload_dataset(store: Store, name: str, data: bytes) -> None:
 def ensure_defaults() -> None:
     if key("method") not in st.session_state:
         load_into_form({})
+        name_the_run(str(st.session_state[key("method")]))
 
 
 def _widget(spec: FieldSpec, errors: dict[str, str]) -> None:
-    label = spec.name + (" *" if spec.required else "")
-    k = key(spec.name)
+    text, k = label(spec), key(spec.name)
     if spec.type is bool:
-        st.checkbox(label, key=k, help=spec.help)
+        st.checkbox(text, key=k, help=spec.help)
     elif spec.choices:
-        st.selectbox(label, spec.choices, key=k, help=spec.help)
+        st.selectbox(text, spec.choices, key=k, help=spec.help)
+    elif spec.name in OFFERS:
+        current = st.session_state.get(k)
+        offered = OFFERS[spec.name]()
+        st.selectbox(
+            text,
+            offered if current in (None, *offered) else [current, *offered],
+            key=k,
+            help=spec.help,
+            accept_new_options=True,
+            placeholder="none: choose or type a path" if spec.nullable else "choose or type",
+        )
     else:
-        st.text_input(label, key=k, help=spec.help, placeholder="none" if spec.nullable else None)
+        st.text_input(
+            text,
+            key=k,
+            help=spec.help,
+            placeholder=PLACEHOLDERS.get(spec.name, "none" if spec.nullable else None),
+            on_change=follow_run_name if spec.name == "run_name" else None,
+        )
     if spec.name in errors:
         st.error(inert(errors[spec.name]), icon=":material/error:")
 
@@ -127,28 +178,30 @@ def render_fields(errors: dict[str, str]) -> None:
         if not members:
             continue
         failing = any(s.name in errors for s in members)
-        with st.expander(
-            GROUP_TITLES.get(group, group), expanded=group in ("", "data", "reward") or failing
-        ):
+        with st.expander(GROUP_TITLES[group], expanded=group in ("", "data", "reward") or failing):
             cols = st.columns(2)
             for i, spec in enumerate(members):
                 with cols[i % 2]:
                     _widget(spec, errors)
 
 
-def form_values() -> dict[str, Any]:
-    """The flat values the widgets hold; empty text means 'not set' (the schema default)."""
-    method = st.session_state.get(key("method"), "es")
+def form_values(state: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The flat values the widgets hold (in `state`, the session's by default); empty text
+    means 'not set' (the schema default), and for output_dir the run's own folder."""
+    state = st.session_state if state is None else state
+    method = state.get(key("method"), "es")
     values: dict[str, Any] = {}
     for spec in config_fields():
         if method not in spec.methods:
             continue
-        value = st.session_state.get(key(spec.name))
-        if isinstance(value, str) and not value.strip():
+        value = state.get(key(spec.name))
+        if value is None or (isinstance(value, str) and not value.strip()):
             if spec.nullable:
                 values[spec.name] = None
             continue
         values[spec.name] = value
+    if "output_dir" not in values and values.get("run_name"):
+        values["output_dir"] = default_output_dir(str(values["run_name"]))
     return values
 
 

@@ -1,5 +1,6 @@
-"""New run: a form generated from the configuration schema, presets, YAML in and out, a
-parquet upload (editors only, size-capped, kept only once it loads as a dataset);
+"""New run: a form generated from the configuration schema, presets (what each is for and
+needs, and a button that generates its missing data), YAML in and out, a parquet upload
+(editors only, size-capped, kept only once it loads as a dataset);
 submitting queues the run the way `eslab submit` does and opens its page. `?clone=ID`
 starts from another run's config."""
 
@@ -7,7 +8,7 @@ import uuid
 
 import streamlit as st
 
-from app import actions, auth, forms
+from app import actions, auth, forms, presets_view
 from app.state import get_store
 from app.views import id_param, inert, show_error
 from engine.config import ConfigError, config_fields
@@ -56,9 +57,12 @@ if not editor:
 
 
 def _preset() -> None:
+    """The preset's options, under a run name and output folder of the run's own (the
+    preset's fixed folder would be shared by every run of it)."""
     name = st.session_state["new_preset"]
     if name:
-        forms.load_into_form(load_preset(name).to_flat())
+        forms.load_into_form({**load_preset(name).to_flat(), "run_name": None, "output_dir": None})
+        forms.name_the_run(name)
         st.session_state["new_errors"] = {}
 
 
@@ -97,6 +101,7 @@ with st.container(border=True):
         else:
             try:
                 forms.load_into_form(forms.parse_yaml(imported.getvalue(), imported.name))
+                forms.name_the_run(str(st.session_state[forms.key("method")]))
                 st.session_state["new_errors"] = forms.validate(forms.form_values())[1]
             except ConfigError as exc:
                 st.session_state["new_errors"] = {e.field: e.message for e in exc.errors}
@@ -111,6 +116,8 @@ with st.container(border=True):
     if upload is not None and st.session_state.get("new_parquet_done") != upload.file_id:
         st.session_state["new_parquet_done"] = upload.file_id
         forms.upload_dataset(store, upload.name, upload.getvalue())
+if st.session_state.get("new_preset"):
+    presets_view.show_preset(st.session_state["new_preset"])
 
 # Validate what the widgets hold now; once a submit has failed, errors follow every edit.
 config, problems = forms.validate(forms.form_values())

@@ -1,9 +1,16 @@
 """`eslab data countdown | gsm8k | conciseness`: generate or convert datasets;
-`eslab data clean-uploads`: remove dashboard uploads that no run uses."""
+`eslab data clean-uploads`: remove dashboard uploads that no run uses. `generate` runs a
+generating command line in-process (the New run form's button for a preset's data)."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.data.datasets import WriteResult
 
 COUNTDOWN_FORMATS = ("lbes", "es-at-scale")
 
@@ -47,11 +54,16 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_data_countdown(args: argparse.Namespace) -> int:
+    print(countdown_data(args).summary)
+    return 0
+
+
+def countdown_data(args: argparse.Namespace) -> WriteResult:
     from engine.data import countdown, countdown_es_at_scale
     from engine.data.datasets import DatasetError
 
     if args.format == "es-at-scale":
-        result = countdown_es_at_scale.generate_countdown_es_at_scale(
+        return countdown_es_at_scale.generate_countdown_es_at_scale(
             args.out,
             n_train=_given(args.n_train, countdown_es_at_scale.DEFAULT_N_TRAIN),
             n_test=_given(args.n_test, countdown_es_at_scale.DEFAULT_N_TEST),
@@ -63,16 +75,13 @@ def cmd_data_countdown(args: argparse.Namespace) -> int:
             "eslab data countdown --format lbes needs --n-given-numbers 3 or 4 "
             "(--format es-at-scale mixes them)"
         )
-    else:
-        result = countdown.generate_countdown(
-            args.n_given_numbers,
-            args.out,
-            n_train=_given(args.n_train, countdown.DEFAULT_N_TRAIN),
-            n_test=_given(args.n_test, countdown.DEFAULT_N_TEST),
-            seed=args.seed,
-        )
-    print(result.summary)
-    return 0
+    return countdown.generate_countdown(
+        args.n_given_numbers,
+        args.out,
+        n_train=_given(args.n_train, countdown.DEFAULT_N_TRAIN),
+        n_test=_given(args.n_test, countdown.DEFAULT_N_TEST),
+        seed=args.seed,
+    )
 
 
 def _given(value: int | None, default: int) -> int:
@@ -87,10 +96,45 @@ def cmd_data_gsm8k(args: argparse.Namespace) -> int:
 
 
 def cmd_data_conciseness(args: argparse.Namespace) -> int:
+    print(conciseness_data(args).summary)
+    return 0
+
+
+def conciseness_data(args: argparse.Namespace) -> WriteResult:
     from engine.data.conciseness import write_conciseness
 
-    print(write_conciseness(args.out).summary)
-    return 0
+    return write_conciseness(args.out)
+
+
+# The `eslab data` commands that write datasets from nothing, as `generate` may run them.
+GENERATORS: dict[str, Callable[[argparse.Namespace], WriteResult]] = {
+    "countdown": countdown_data,
+    "conciseness": conciseness_data,
+}
+
+
+def generate(command: str) -> WriteResult:
+    """Run `eslab data countdown|conciseness ...` in this process, read by the command's own
+    parser; its --out is resolved as a run resolves paths (from the project root), so it
+    writes where a configuration naming the files looks. DatasetError for any other command
+    line and for what the generator refuses."""
+    from engine.data.datasets import DatasetError
+    from engine.paths import resolve_path
+
+    parser = argparse.ArgumentParser(prog="eslab", add_help=False)
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    words = shlex.split(command)
+    try:
+        args = parser.parse_args(words[1:] if words[:1] == ["eslab"] else words)
+    except SystemExit:  # argparse has printed why on stderr
+        args = None
+    if args is None or args.command != "data" or args.data_command not in GENERATORS:
+        raise DatasetError(
+            f"{command!r} is not a command that generates a dataset "
+            f"(eslab data {' | '.join(GENERATORS)} ...)"
+        )
+    args.out = str(resolve_path(args.out))
+    return GENERATORS[args.data_command](args)
 
 
 def cmd_data_clean_uploads(args: argparse.Namespace) -> int:

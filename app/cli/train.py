@@ -17,8 +17,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     )
     train.add_argument(
         "config",
-        help="YAML file of option: value pairs, or a preset name "
-        "(es-alignment, es-conciseness, es-countdown, lbes-countdown)",
+        help="YAML file of option: value pairs, or a preset name (`eslab presets` lists them)",
     )
     add_set_option(train, "override an option of the file (repeatable)")
     train.add_argument("--resume", metavar="CHECKPOINT", help="continue from checkpoint-STEP/")

@@ -23,6 +23,7 @@ options), `validation` (input to RunConfig or every problem), `yaml_io` (YAML in
 from engine.config.errors import ConfigError, FieldError
 from engine.config.fields import METHODS, FieldSpec
 from engine.config.schema import (
+    GROUP_TITLES,
     AlignmentConfig,
     DataConfig,
     EnsembleConfig,
@@ -41,6 +42,7 @@ from engine.config.validation import flatten, scalar_errors
 from engine.config.yaml_io import read_yaml
 
 __all__ = [
+    "GROUP_TITLES",
     "METHODS",
     "AlignmentConfig",
     "ConfigError",

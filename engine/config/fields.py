@@ -17,6 +17,7 @@ def option(
     default: Any,
     help: str,
     *,
+    label: str,
     choices: tuple[str, ...] | None = None,
     min_value: float | None = None,
     max_value: float | None = None,
@@ -25,8 +26,11 @@ def option(
     method_defaults: Mapping[str, Any] | None = None,
     methods: tuple[str, ...] = METHODS,
 ) -> Any:
-    """A dataclass field carrying what validation, the CLI and the form need to know."""
+    """A dataclass field carrying what validation, the CLI and the form need to know: `label`
+    is the option in people's words (the form shows it beside the option's name), `help` says
+    what it does."""
     metadata = {
+        "label": label,
         "help": help,
         "choices": choices,
         "min": min_value,
@@ -47,6 +51,7 @@ class FieldSpec:
     group: str  # "" for the root-level `method`
     type: type  # str, int, float or bool
     default: Any
+    label: str  # the option in people's words, e.g. "Noise std (sigma)"
     help: str
     choices: tuple[str, ...] | None = None
     min: float | None = None
@@ -64,6 +69,15 @@ class FieldSpec:
 
     def default_for(self, method: str) -> Any:
         return self.method_defaults.get(method, self.default)
+
+
+def group_title(cls: type) -> str:
+    """A group's heading in people's words: its class's TITLE (the form's section, YAML's
+    comment); a group without one is a schema bug, so it fails at import."""
+    title = cls.__dict__.get("TITLE")
+    if not isinstance(title, str) or not title:
+        raise TypeError(f"option group {cls.__name__} has no TITLE")
+    return title
 
 
 def option_groups(root: type) -> dict[str, type]:
@@ -111,6 +125,7 @@ def _spec(f: dataclasses.Field, hint: Any, group: str) -> FieldSpec:
         group=group,
         type=base,
         default=f.default,
+        label=m["label"],
         help=m["help"],
         choices=m["choices"],
         min=m["min"],

@@ -1,7 +1,8 @@
 """The schema: one frozen dataclass per group of options and RunConfig, their root.
 
-Adding a group (alignment, LoRA, ...) is one frozen dataclass whose fields use `option`, and
-one field of `RunConfig`; `config_fields()`, YAML, validation and the generated CLI and form
+Adding a group (alignment, LoRA, ...) is one frozen dataclass with a TITLE (its heading in
+people's words) whose fields use `option` (each with a label and a help text), and one field of
+`RunConfig`; `config_fields()`, GROUP_TITLES, YAML, validation and the generated CLI and form
 pick it up. Cross-field rules live in engine/config/rules.py.
 """
 
@@ -11,10 +12,17 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from engine.config.errors import ConfigError, FieldError
-from engine.config.fields import METHODS, FieldSpec, field_specs, option, option_groups
+from engine.config.fields import (
+    METHODS,
+    FieldSpec,
+    field_specs,
+    group_title,
+    option,
+    option_groups,
+)
 from engine.config.yaml_io import read_yaml_file, write_yaml
 from engine.fitness import SHAPERS
 from engine.prompts import PROMPT_FORMATS
@@ -31,50 +39,66 @@ LEARNING_RATE_RULES = ("fixed", "es_at_scale")
 class ModelConfig:
     """The model and the vLLM engines that serve it."""
 
+    TITLE: ClassVar[str] = "Model and engine"
+
     model: str = option(
         "data/models/smollm2-135m-instruct",
         "Model to fine-tune: a local Hugging Face folder or a hub name. The default is the "
         "small model fetched at setup (`eslab model`), so runs work offline on the CPU.",
+        label="Model",
     )
     dtype: str = option(
         "bfloat16",
         "Weight dtype of the engines. Updates accumulate in an fp32 master copy whatever this is.",
+        label="Weight dtype",
         choices=DTYPES,
     )
     max_model_len: int | None = option(
         None,
         "Longest prompt + completion in tokens; None takes the model's own limit. "
         "Lower it to shrink the KV cache.",
+        label="Context length (tokens)",
         min_value=1,
     )
     tensor_parallel_size: int = option(
-        1, "GPUs per engine (tensor parallelism); each rank perturbs its own shard.", min_value=1
+        1,
+        "GPUs per engine (tensor parallelism); each rank perturbs its own shard.",
+        label="GPUs per engine",
+        min_value=1,
     )
     num_engines: int = option(
         1,
         "vLLM engines (one Ray actor each) that evaluate population members in parallel; "
         "they never exchange weights, each replays the same update.",
+        label="Engines",
         min_value=1,
     )
     engines_per_gpu: int = option(
         1,
         "Engines that share one GPU (each a process with its own copy of the weights), so "
         "several members generate at once; they split its memory.",
+        label="Engines per GPU",
         min_value=1,
     )
     gpu_memory_utilization: float | None = option(
         None,
         "Share of memory for weights and KV cache; None means 0.9 on a GPU and 0.3 on "
         "the CPU, where it is the share of RAM given to the KV cache.",
+        label="Memory share",
         min_value=0.0,
         exclusive_min=True,
         max_value=1.0,
     )
     max_num_seqs: int | None = option(
-        None, "Most sequences an engine decodes at once; None takes vLLM's default.", min_value=1
+        None,
+        "Most sequences an engine decodes at once; None takes vLLM's default.",
+        label="Sequences at once",
+        min_value=1,
     )
     enforce_eager: bool = option(
-        False, "Disable CUDA graphs / compilation: slower decoding, faster start-up."
+        False,
+        "Disable CUDA graphs / compilation: slower decoding, faster start-up.",
+        label="Eager mode (no CUDA graphs)",
     )
 
 
@@ -82,10 +106,13 @@ class ModelConfig:
 class SamplingConfig:
     """How completions are sampled."""
 
+    TITLE: ClassVar[str] = "Sampling"
+
     n: int = option(
         1,
         "Completions per prompt. LBES correlates rewards with log-likelihoods within a "
         "prompt, so it needs several (default 8 for lbes).",
+        label="Completions per prompt",
         min_value=1,
         method_defaults={"lbes": 8},
     )
@@ -93,37 +120,54 @@ class SamplingConfig:
         0.0,
         "Sampling temperature; 0 is greedy (the ES references). LBES samples at 1.0 "
         "by default so that a prompt's n completions differ.",
+        label="Temperature",
         min_value=0.0,
         method_defaults={"lbes": 1.0},
     )
-    max_tokens: int = option(2048, "Most tokens generated per completion.", min_value=1)
+    max_tokens: int = option(
+        2048,
+        "Most tokens generated per completion.",
+        label="Completion length (tokens)",
+        min_value=1,
+    )
 
 
 @dataclass(frozen=True)
 class EsConfig:
     """The evolution strategy: population, noise, step size and their schedules."""
 
+    TITLE: ClassVar[str] = "ES"
+
     population_size: int = option(
         32,
         "Perturbed models per step (N). More members lower the variance of the update "
         "and cost proportionally more generation.",
+        label="Population size (N)",
         min_value=2,
     )
     noise_std: float = option(
         1e-3,
         "Std of the Gaussian perturbation (sigma) at step 0.",
+        label="Noise std (sigma)",
         min_value=0.0,
         exclusive_min=True,
     )
     noise_std_scheduler_type: str = option(
-        "constant", "How noise_std changes over training.", choices=SCHEDULE_TYPES
+        "constant",
+        "How noise_std changes over training.",
+        label="Noise schedule",
+        choices=SCHEDULE_TYPES,
     )
     noise_std_final: float = option(
-        0.0, "noise_std at the last step (linear, cosine, polynomial schedules).", min_value=0.0
+        0.0,
+        "noise_std at the last step (linear, cosine, polynomial schedules).",
+        label="Final noise std",
+        min_value=0.0,
     )
     noise_std_scheduler_rate: float = option(
         0.95,
         "Per-step factor of the exponential noise_std schedule.",
+        label="Noise decay rate",
         min_value=0.0,
         exclusive_min=True,
         max_value=1.0,
@@ -131,6 +175,7 @@ class EsConfig:
     noise_std_scheduler_power: float = option(
         1.0,
         "Power of the polynomial noise_std schedule (1 is linear).",
+        label="Noise schedule power",
         min_value=0.0,
         exclusive_min=True,
     )
@@ -139,6 +184,7 @@ class EsConfig:
         "Step size in theta += lr / (N * sigma) * sum A_i eps_i. The references' 5e-7 "
         "suits 1B+ models; small models need far larger values (around 4e-5 for the "
         "default model) to show learning in minutes. 0 leaves the weights unchanged.",
+        label="Learning rate",
         min_value=0.0,
     )
     learning_rate_rule: str = option(
@@ -147,17 +193,25 @@ class EsConfig:
         "sigma / 2 in its update theta += alpha / N * sum z_i eps_i, which is learning_rate "
         "= noise_std^2 / 2 here (5e-7 at noise_std 1e-3); lr_scheduler_type starts from it "
         "and learning_rate itself is not read.",
+        label="Learning rate rule",
         choices=LEARNING_RATE_RULES,
     )
     lr_scheduler_type: str = option(
-        "constant", "How learning_rate changes over training.", choices=SCHEDULE_TYPES
+        "constant",
+        "How learning_rate changes over training.",
+        label="Learning rate schedule",
+        choices=SCHEDULE_TYPES,
     )
     lr_final: float = option(
-        0.0, "learning_rate at the last step (linear, cosine, polynomial schedules).", min_value=0.0
+        0.0,
+        "learning_rate at the last step (linear, cosine, polynomial schedules).",
+        label="Final learning rate",
+        min_value=0.0,
     )
     lr_scheduler_rate: float = option(
         0.95,
         "Per-step factor of the exponential learning_rate schedule.",
+        label="Learning rate decay rate",
         min_value=0.0,
         exclusive_min=True,
         max_value=1.0,
@@ -165,6 +219,7 @@ class EsConfig:
     lr_scheduler_power: float = option(
         1.0,
         "Power of the polynomial learning_rate schedule (1 is linear).",
+        label="Learning rate schedule power",
         min_value=0.0,
         exclusive_min=True,
     )
@@ -172,17 +227,20 @@ class EsConfig:
         "zscore",
         "Fitness -> advantage: zscore (the references) or centered_rank "
         "(OpenAI-ES, robust to outliers).",
+        label="Fitness shaping",
         choices=SHAPER_NAMES,
     )
     antithetic: bool = option(
         False,
         "Mirrored sampling: members come in +eps/-eps pairs sharing a seed, which "
         "lowers the variance of the update; needs an even population_size.",
+        label="Antithetic (mirrored) sampling",
     )
     macro_advantage: bool = option(
         False,
         "ES only: shape each (prompt, sample) reward across the population and "
         "average, instead of shaping each member's mean reward.",
+        label="Macro advantage",
         methods=("es",),
     )
 
@@ -206,11 +264,18 @@ def initial_learning_rate(rule: str, learning_rate: float, noise_std: float) -> 
 class DataConfig:
     """Training data, run length, seed and where results go."""
 
+    TITLE: ClassVar[str] = "Data"
+
     train_file: str | None = option(
-        None, "Parquet file of training prompts (columns prompt, reward_func_args).", required=True
+        None,
+        "Parquet file of training prompts (columns prompt, reward_func_args).",
+        label="Training dataset",
+        required=True,
     )
     eval_file: str | None = option(
-        None, "Parquet file of evaluation prompts; needed when eval_strategy is not 'no'."
+        None,
+        "Parquet file of evaluation prompts; needed when eval_strategy is not 'no'.",
+        label="Evaluation dataset",
     )
     prompt_format: str = option(
         "chat",
@@ -218,26 +283,41 @@ class DataConfig:
         "model's chat template. raw: plain text, sent to the model exactly as written (the "
         "references' own prompts, e.g. ES at Scale's countdown prompt ending in <think>). "
         "A dataset of the other kind is refused.",
+        label="Prompt format",
         choices=PROMPT_FORMATS,
     )
     data_batch_size: int = option(
-        64, "Prompts per step; every member generates for the whole batch.", min_value=1
+        64,
+        "Prompts per step; every member generates for the whole batch.",
+        label="Prompts per step",
+        min_value=1,
     )
-    num_train_epochs: int = option(3, "Passes over the training data.", min_value=1)
+    num_train_epochs: int = option(3, "Passes over the training data.", label="Epochs", min_value=1)
     max_steps: int | None = option(
-        None, "Stop after this many steps; when set it overrides num_train_epochs.", min_value=1
+        None,
+        "Stop after this many steps; when set it overrides num_train_epochs.",
+        label="Steps",
+        min_value=1,
     )
     seed: int = option(
-        42, "Run seed: data order, member seeds and tie-breaks derive from it.", min_value=0
+        42,
+        "Run seed: data order, member seeds and tie-breaks derive from it.",
+        label="Seed",
+        min_value=0,
     )
     output_dir: str | None = option(
-        None, "Folder for checkpoints (checkpoint-STEP/) and the final model.", required=True
+        None,
+        "Folder for checkpoints (checkpoint-STEP/) and the final model.",
+        label="Output folder",
+        required=True,
     )
 
 
 @dataclass(frozen=True)
 class RewardConfig:
     """The reward function."""
+
+    TITLE: ClassVar[str] = "Reward"
 
     reward_func_path: str | None = option(
         None,
@@ -246,6 +326,7 @@ class RewardConfig:
         "engine.rewards or in a module or folder listed in ESLAB_REWARD_MODULES, called "
         "with the reward_func_args its signature names. Required unless reward_source is "
         "scorer or ensemble.",
+        label="Reward function",
     )
     reward_timeout_seconds: float | None = option(
         10.0,
@@ -254,6 +335,7 @@ class RewardConfig:
         "is 10; it scores such a completion 0 instead). Reward functions then run in a "
         "child process that can be killed; None runs them in the trainer's own process "
         "with no limit.",
+        label="Reward time limit (s)",
         min_value=0.0,
         exclusive_min=True,
     )
@@ -266,38 +348,53 @@ _LBES = ("lbes",)
 class LbesConfig:
     """LBES only: which base samples enter the correlation, and how it is computed."""
 
+    TITLE: ClassVar[str] = "LBES filters"
+
     top_k_prompt_reward_var: int | None = option(
         None,
         "Keep only the k prompts whose rewards vary most over their n samples.",
+        label="Prompts kept (most varied rewards)",
         min_value=1,
         methods=_LBES,
     )
     top_k_rewards: int | None = option(
         None,
         "Per prompt, keep the k best samples (together with bottom_k_rewards).",
+        label="Best samples kept per prompt",
         min_value=1,
         methods=_LBES,
     )
     bottom_k_rewards: int | None = option(
         None,
         "Per prompt, keep the k worst samples (together with top_k_rewards).",
+        label="Worst samples kept per prompt",
         min_value=1,
         methods=_LBES,
     )
     exclude_same_rewards_samples: bool = option(
         False,
         "Drop prompts whose kept samples all have the same reward (no signal).",
+        label="Drop prompts with equal rewards",
         methods=_LBES,
     )
     flat_top_k_rewards: int | None = option(
-        None, "Keep the k best samples over the whole batch.", min_value=1, methods=_LBES
+        None,
+        "Keep the k best samples over the whole batch.",
+        label="Best samples kept per batch",
+        min_value=1,
+        methods=_LBES,
     )
     flat_bottom_k_rewards: int | None = option(
-        None, "Keep the k worst samples over the whole batch.", min_value=1, methods=_LBES
+        None,
+        "Keep the k worst samples over the whole batch.",
+        label="Worst samples kept per batch",
+        min_value=1,
+        methods=_LBES,
     )
     flat_corrcoef: bool = option(
         False,
         "Correlate over all kept samples at once instead of per prompt (per prompt needs n >= 2).",
+        label="Correlate over the whole batch",
         methods=_LBES,
     )
 
@@ -311,6 +408,8 @@ _ES = ("es",)
 class AlignmentConfig:
     """Alignment (ES only): fitness mean(R) - lambda * mean(C), adaptive lambda."""
 
+    TITLE: ClassVar[str] = "Alignment"
+
     # R and C come from a scorer service (engine/scoring); the lambda rule and the objective
     # are engine/alignment/lagrangian.py. The docstring above is one line: to_yaml prints it
     # as a comment.
@@ -319,57 +418,92 @@ class AlignmentConfig:
         "function",
         "Where the reward R comes from: reward_func_path, the scorer service's "
         "reward model, or an ensemble (ensemble_members).",
+        label="Reward source",
         choices=REWARD_SOURCES,
     )
     scorer_url: str | None = option(
         None,
         "Scorer service (`eslab scorer serve`), e.g. http://127.0.0.1:8000. When set, "
         "its cost model gives C and fitness is mean(R) - lambda * mean(C).",
+        label="Scorer address",
         methods=_ES,
     )
     lambda_cost: float = option(
-        0.5, "lambda at step 0 (the weight of the cost).", min_value=0.0, methods=_ES
+        0.5,
+        "lambda at step 0 (the weight of the cost).",
+        label="Cost weight (lambda)",
+        min_value=0.0,
+        methods=_ES,
     )
     lambda_adapt: bool = option(
         False,
         "Adapt lambda after every step from the unperturbed model's costs: "
         "ln(lambda) += lambda_lr * J, J a moving average of mean(C) - cost_threshold_d.",
+        label="Adapt lambda",
         methods=_ES,
     )
-    lambda_lr: float = option(0.01, "Step size of ln(lambda).", min_value=0.0, methods=_ES)
-    lambda_min: float = option(1e-4, "Lower clip of lambda.", min_value=0.0, methods=_ES)
-    lambda_max: float = option(10.0, "Upper clip of lambda.", min_value=0.0, methods=_ES)
+    lambda_lr: float = option(
+        0.01, "Step size of ln(lambda).", label="Lambda step size", min_value=0.0, methods=_ES
+    )
+    lambda_min: float = option(
+        1e-4, "Lower clip of lambda.", label="Lambda minimum", min_value=0.0, methods=_ES
+    )
+    lambda_max: float = option(
+        10.0, "Upper clip of lambda.", label="Lambda maximum", min_value=0.0, methods=_ES
+    )
     cost_threshold_d: float = option(
-        0.0, "Safety threshold d of the constraint mean(C) <= d.", methods=_ES
+        0.0,
+        "Safety threshold d of the constraint mean(C) <= d.",
+        label="Cost threshold (d)",
+        methods=_ES,
     )
     lambda_pos_cost_only: bool = option(
-        False, "Use the positive part of J_C, so lambda never falls.", methods=_ES
+        False,
+        "Use the positive part of J_C, so lambda never falls.",
+        label="Lambda never falls",
+        methods=_ES,
     )
     jc_ema_beta: float = option(
         0.9,
         "Moving-average factor of J_C: J <- beta * J + (1 - beta) * J_C.",
+        label="Cost average factor (beta)",
         min_value=0.0,
         max_value=1.0,
         methods=_ES,
     )
     standardize_within_batch: bool = option(
-        False, "Divide mean(R) and mean(C) by their batch std (no centering).", methods=_ES
+        False,
+        "Divide mean(R) and mean(C) by their batch std (no centering).",
+        label="Standardize within batch",
+        methods=_ES,
     )
     safe_first: bool = option(
-        False, "Multiply the reward of unsafe answers (C > 0) by safe_first_factor.", methods=_ES
+        False,
+        "Multiply the reward of unsafe answers (C > 0) by safe_first_factor.",
+        label="Safe first",
+        methods=_ES,
     )
     safe_first_factor: float = option(
-        0.0, "Reward multiplier of unsafe answers with safe_first (0 is a hard gate).", methods=_ES
+        0.0,
+        "Reward multiplier of unsafe answers with safe_first (0 is a hard gate).",
+        label="Unsafe reward factor",
+        methods=_ES,
     )
-    scorer_batch_size: int = option(16, "Pairs per scorer request.", min_value=1)
+    scorer_batch_size: int = option(
+        16, "Pairs per scorer request.", label="Pairs per scorer request", min_value=1
+    )
     scorer_timeout_s: float = option(
         60.0,
         "Seconds a scorer request may take before it is retried, then fails the run.",
+        label="Scorer time limit (s)",
         min_value=0.0,
         exclusive_min=True,
     )
     scorer_retries: int = option(
-        2, "Further attempts after a scorer timeout, refusal of connection or 5xx.", min_value=0
+        2,
+        "Further attempts after a scorer timeout, refusal of connection or 5xx.",
+        label="Scorer retries",
+        min_value=0,
     )
 
 
@@ -377,52 +511,74 @@ class AlignmentConfig:
 class EnsembleConfig:
     """Reward ensembles (reward_source: ensemble), as in Coste et al. 2023."""
 
+    TITLE: ClassVar[str] = "Reward ensemble"
+
     ensemble_members: str | None = option(
         None,
         "Comma-separated members: reward function dotted paths (allowed as for "
         "reward_func_path), `scorer` (the scorer_url reward model) or other scorer URLs "
         "(their reward models).",
+        label="Ensemble members",
     )
     ensemble_method: str = option(
         "mean",
         "mean, min (worst case) or uwo (mean - uwo_weight * variance).",
+        label="Ensemble method",
         choices=ENSEMBLE_METHODS,
     )
-    uwo_weight: float = option(0.1, "Variance weight of uwo.", min_value=0.0)
+    uwo_weight: float = option(
+        0.1, "Variance weight of uwo.", label="Variance weight (uwo)", min_value=0.0
+    )
 
 
 @dataclass(frozen=True)
 class EvalConfig:
     """When to evaluate and when to save checkpoints."""
 
+    TITLE: ClassVar[str] = "Evaluation and checkpoints"
+
     eval_strategy: str = option(
         "no",
         "Evaluate greedily on eval_file every eval_steps steps, every epoch, or never.",
+        label="Evaluate",
         choices=STRATEGIES,
     )
     eval_steps: int | None = option(
-        None, "Steps between evaluations when eval_strategy is 'steps'.", min_value=1
+        None,
+        "Steps between evaluations when eval_strategy is 'steps'.",
+        label="Steps between evaluations",
+        min_value=1,
     )
     eval_before_train: bool = option(
-        True, "Also evaluate the untrained model, as a baseline (when evaluation is on)."
+        True,
+        "Also evaluate the untrained model, as a baseline (when evaluation is on).",
+        label="Evaluate before training",
     )
     save_strategy: str = option(
         "no",
         "Save a checkpoint every save_steps steps, every epoch, or never (the final "
         "model is always saved).",
+        label="Save checkpoints",
         choices=STRATEGIES,
     )
     save_steps: int | None = option(
-        None, "Steps between checkpoints when save_strategy is 'steps'.", min_value=1
+        None,
+        "Steps between checkpoints when save_strategy is 'steps'.",
+        label="Steps between checkpoints",
+        min_value=1,
     )
     save_total_limit: int = option(
-        3, "Checkpoints kept on disk; the oldest are removed.", min_value=1
+        3,
+        "Checkpoints kept on disk; the oldest are removed.",
+        label="Checkpoints kept",
+        min_value=1,
     )
     save_best_model: bool = option(
         False,
         "Save a checkpoint at every evaluation whose mean eval reward beats all earlier ones "
         "(the untrained model's included) and never remove the best one; the final model "
         "is still the last step's (ES at Scale's save_best_models).",
+        label="Keep the best checkpoint",
     )
 
 
@@ -430,14 +586,21 @@ class EvalConfig:
 class LoggingConfig:
     """Reporting."""
 
-    logging_steps: int = option(1, "Steps between metric reports.", min_value=1)
-    run_name: str | None = option(None, "Display name of the run; None lets ES Lab pick one.")
+    TITLE: ClassVar[str] = "Logging"
+
+    logging_steps: int = option(
+        1, "Steps between metric reports.", label="Steps between reports", min_value=1
+    )
+    run_name: str | None = option(
+        None, "Display name of the run; None lets ES Lab pick one.", label="Run name"
+    )
     report_to: str | None = option(
         None,
         "Experiment trackers that also get every metric, comma-separated: tensorboard "
         "(event files in output_dir/tensorboard; the `tensorboard` extra) and wandb "
         "(Weights & Biases, files in output_dir/wandb, WANDB_MODE=offline keeps them on "
         "disk; the `wandb` extra). None or none: ES Lab's own store only.",
+        label="Also report to",
     )
 
 
@@ -448,16 +611,20 @@ _LORA_DEFAULT_MODULES = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
 class LoraConfig:
     """Perturbation mode: full-rank noise on every weight, or low-rank LoRA members."""
 
+    TITLE: ClassVar[str] = "LoRA perturbation"
+
     perturbation: str = option(
         "full",
         "full: every weight gets seeded Gaussian noise, one member at a time. lora: "
         "each member is a seeded rank-r adapter (EGGROLL) and the whole population is "
         "evaluated in one batched engine call (vLLM multi-LoRA); ES method only.",
+        label="Perturbation",
         choices=("full", "lora"),
     )
     lora_rank: int = option(
         4,
         "Rank r of each member's perturbation (and of the trained adapter).",
+        label="LoRA rank (r)",
         min_value=1,
         max_value=256,
     )
@@ -465,19 +632,25 @@ class LoraConfig:
         8.0,
         "LoRA alpha of saved adapters (delta = alpha / r * B A, the PEFT convention); the "
         "perturbation size is set by noise_std.",
+        label="LoRA alpha",
         min_value=0.0,
         exclusive_min=True,
     )
     lora_target_modules: str = option(
-        _LORA_DEFAULT_MODULES, "Comma-separated linear modules that members perturb."
+        _LORA_DEFAULT_MODULES,
+        "Comma-separated linear modules that members perturb.",
+        label="Perturbed modules",
     )
     lora_target_layers: str | None = option(
-        None, "Layers that members perturb, e.g. 0-9 or 0,2,4; None means every layer."
+        None,
+        "Layers that members perturb, e.g. 0-9 or 0,2,4; None means every layer.",
+        label="Perturbed layers",
     )
     lora_noise_scaling: str = option(
         "layer",
         "layer: a layer's noise std is noise_std * mean |W| of its target weights "
         "(the LoRA reference; noise_std around 0.1 then); none: noise_std itself.",
+        label="Noise scaling",
         choices=("layer", "none"),
     )
     lora_update: str = option(
@@ -485,6 +658,7 @@ class LoraConfig:
         "merge: the ES update (fp32) is merged into the base weights every step. "
         "adapter: base weights stay frozen and the update is kept as one rank-r adapter, "
         "saved in the PEFT format.",
+        label="Update kept as",
         choices=("merge", "adapter"),
     )
 
@@ -498,6 +672,7 @@ class RunConfig:
         "es: fitness = mean reward of each perturbed model. lbes: fitness = "
         "correlation between the base model's rewards and each perturbed model's "
         "likelihood of those samples.",
+        label="Method",
         choices=METHODS,
     )
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -603,6 +778,11 @@ class RunConfig:
 
 # Group name -> dataclass, in declaration order (every RunConfig field but `method`).
 GROUPS: dict[str, type] = option_groups(RunConfig)
+# Group name -> its heading in people's words, "" for RunConfig's own option (`method`).
+GROUP_TITLES: dict[str, str] = {
+    "": "Method",
+    **{name: group_title(cls) for name, cls in GROUPS.items()},
+}
 # Option name -> spec, `method` first; names are unique across groups (checked here).
 SPECS: dict[str, FieldSpec] = field_specs(RunConfig)
 

@@ -39,6 +39,20 @@ def dataset(tmp_path) -> Path:
     return write_task(tmp_path)
 
 
+@pytest.fixture
+def data_folder(tmp_path, monkeypatch, dataset) -> Path:
+    """ESLAB_DATA_DIR = `tmp_path`, holding the `dataset` fixture (task/train.parquet) and a
+    model folder, models/tiny, with the files queueing checks (config.json with a
+    model_type, weights, tokenizer) but no real weights: the New run form offers both."""
+    model = tmp_path / "models" / "tiny"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    (model / "model.safetensors").write_bytes(b"")
+    (model / "tokenizer.json").write_text("{}")
+    monkeypatch.setenv("ESLAB_DATA_DIR", str(tmp_path))
+    return tmp_path
+
+
 def make_config(dataset: Path, output_dir: Path, **options) -> RunConfig:
     return RunConfig.from_flat(
         {

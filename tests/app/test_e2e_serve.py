@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from app import auth
+from app.forms import label
+from engine.config import config_fields
 from engine.paths import PROJECT_ROOT
 from jobs.store.migrate import upgrade
 from jobs.store.status import RunStatus
@@ -114,6 +116,12 @@ def settle(page) -> None:
     page.locator("[data-testid='stStatusWidget']").wait_for(state="detached", timeout=30_000)
 
 
+def field(name: str) -> str:
+    """The New run form's label of option `name` (what a person reads, and the widget's
+    accessible name)."""
+    return next(label(spec) for spec in config_fields() if spec.name == name)
+
+
 def fill(page, label: str, value: str) -> None:
     box = page.get_by_label(label, exact=True)
     if not box.is_visible():  # in a group a rerun drew collapsed
@@ -169,8 +177,8 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
     page.evaluate("window.eslabMarker = 'no reload'")
     choose(page, "Preset", "es-conciseness")
     expand_all(page)
-    choose(page, "save_strategy", "no")  # the final model is saved all the same
-    for label, value in (
+    choose(page, field("save_strategy"), "no")  # the final model is saved all the same
+    for name, value in (
         ("population_size", "2"),
         ("data_batch_size", "2"),
         ("max_steps", "2"),
@@ -179,10 +187,10 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
         ("gpu_memory_utilization", "0.15"),
         ("max_model_len", "1024"),
         ("max_num_seqs", "16"),
-        ("output_dir *", str(tmp / "run-a")),
+        ("output_dir", str(tmp / "run-a")),
         ("run_name", "e2e-a"),
     ):
-        fill(page, label, value)
+        fill(page, field(name), value)
     page.screenshot(path=shots / "e2e-new-run.png", full_page=True)
     page.get_by_role("button", name="Queue run").click()
 
@@ -228,10 +236,10 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
     page.get_by_text("Cloning run 1").wait_for(timeout=30_000)
     settle(page)
     expand_all(page)
-    page.locator("input[aria-label='run_name'][value^='e2e-a-clone-']").wait_for(
+    page.locator(f"input[aria-label='{field('run_name')}'][value^='e2e-a-clone-']").wait_for(
         state="attached", timeout=30_000
     )  # prefilled from run 1
-    fill(page, "run_name", "e2e-b")
+    fill(page, field("run_name"), "e2e-b")
     page.get_by_role("button", name="Queue run").click()
     page.get_by_role("heading", name="e2e-b").wait_for(timeout=60_000)
     # Meanwhile the Runs page, left open, refreshes itself until no run is live.

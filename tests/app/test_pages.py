@@ -105,13 +105,13 @@ def test_new_run_form_is_generated_from_the_schema(store):
     at = page("app_pages/new_run.py")
     assert not at.exception
     labels = {w.label.rstrip(" *") for w in (*at.text_input, *at.selectbox, *at.checkbox)}
-    shown = {f.name for f in config_fields() if "es" in f.methods}
+    shown = {f"{f.label} `{f.name}`" for f in config_fields() if "es" in f.methods}
     assert shown <= labels
 
 
-def test_new_run_bad_value_names_the_field(store, dataset, tmp_path):
+def test_new_run_bad_value_names_the_field(store, dataset, data_folder, tmp_path):
     at = page("app_pages/new_run.py")
-    at.text_input(key="new_train_file").input(str(dataset))
+    at.selectbox(key="new_train_file").select(str(dataset))
     at.text_input(key="new_output_dir").input(str(tmp_path / "new-out"))
     at.text_input(key="new_reward_func_path").input("engine.rewards.conciseness.compute_score")
     at.text_input(key="new_noise_std").input("-1").run()
@@ -121,12 +121,12 @@ def test_new_run_bad_value_names_the_field(store, dataset, tmp_path):
     assert store.count_runs() == 2
 
 
-def test_new_run_submit_queues_a_run(store, dataset, tmp_path):
+def test_new_run_submit_queues_a_run(store, dataset, data_folder, tmp_path):
     at = page("app_pages/new_run.py")
-    at.text_input(key="new_train_file").input(str(dataset))
+    at.selectbox(key="new_train_file").select(str(dataset))
     at.text_input(key="new_output_dir").input(str(tmp_path / "new-out"))
     at.text_input(key="new_reward_func_path").input("engine.rewards.conciseness.compute_score")
-    at.text_input(key="new_model").input("HuggingFaceTB/SmolLM2-135M-Instruct")
+    at.selectbox(key="new_model").select(str(data_folder / "models" / "tiny"))
     at.text_input(key="new_max_steps").input("3")
     at.text_input(key="new_run_name").input("from-the-form").run()
     queue = next(b for b in at.button if b.label == "Queue run")
@@ -245,7 +245,7 @@ def test_new_run_parquet_upload_is_validated(store, dataset, tmp_path, monkeypat
 
     at.file_uploader(key="new_parquet").upload("good.parquet", dataset.read_bytes()).run()
     assert not at.exception
-    saved = at.text_input(key="new_train_file").value
+    saved = at.selectbox(key="new_train_file").value
     assert saved.startswith("data/uploads/") and (tmp_path / saved).is_file()
 
 

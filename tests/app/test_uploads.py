@@ -83,12 +83,12 @@ def test_a_viewer_cannot_upload_a_dataset(store, dataset):
     at = new_run_page(VIEWER)
     widget = at.file_uploader(key="new_parquet")
     assert widget.disabled
-    before = at.text_input(key="new_train_file").value
+    before = at.selectbox(key="new_train_file").value
     widget.proto.disabled = False  # a forged request: the server must not trust the browser
     upload(at, "good.parquet", dataset.read_bytes())
     assert not at.exception
     assert kept_files() == []
-    assert at.text_input(key="new_train_file").value == before
+    assert at.selectbox(key="new_train_file").value == before
 
 
 def keep_as_page_would(data: bytes) -> None:
@@ -118,7 +118,7 @@ def test_an_editor_upload_is_kept_under_a_safe_name(store, dataset):
     assert not at.exception, at.exception
     [kept] = kept_files()
     assert kept.name.endswith("-my-data-rm--rf.parquet") and kept.parent == uploads_dir()
-    assert at.text_input(key="new_train_file").value == str(kept)
+    assert at.selectbox(key="new_train_file").value == str(kept)
     assert any("4 prompts" in s.value for s in at.success)
 
 

@@ -22,7 +22,7 @@ from engine.data.countdown_es_at_scale import (
     numbers_text,
     target_text,
 )
-from engine.presets import load_preset, preset_path
+from engine.presets import load_preset, preset_info
 from engine.rewards import check_arguments, load_reward_function
 from engine.rewards.countdown_es_at_scale import compute_score
 from engine.trainer.preflight import load_data
@@ -176,12 +176,7 @@ def test_the_es_countdown_preset_trains_on_what_its_command_writes(tmp_path):
     config = load_preset("es-countdown")
     assert config.data.prompt_format == "raw"
     assert config.reward.reward_func_path == "engine.rewards.countdown_es_at_scale.compute_score"
-    (command,) = [
-        line.lstrip("# ").strip()
-        for line in preset_path("es-countdown").read_text().splitlines()
-        if "eslab data countdown" in line
-    ]
-    args = shlex.split(command)[1:]
+    args = shlex.split(preset_info("es-countdown").data_command)[1:]
     folder = Path(args[args.index("--out") + 1])
     assert folder == Path(config.data.train_file).parent == Path(config.data.eval_file).parent
     args[args.index("--out") + 1] = str(tmp_path / folder)
