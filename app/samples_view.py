@@ -260,7 +260,7 @@ def _counterpart(
     the prompt (by default the same member and sample number)."""
     c1, c2, c3 = st.columns(3)
     other = _other_run(c1, store, run, scope)
-    steps = store.prompt_steps(other.id, split=split, prompt=sample.prompt)
+    steps = store.sample_steps(other.id, split, prompt=sample.prompt)
     steps = [s for s in steps if other.id != run.id or s != step]
     if not steps:
         where = "at another step" if other.id == run.id else "in that run"

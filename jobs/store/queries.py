@@ -240,34 +240,17 @@ class RunQueries(StoreBase):
                 for x in rows
             ]
 
-    def sample_steps(self, run: int | str, split: str) -> list[int]:
-        """The steps at which samples of `split` were recorded."""
+    def sample_steps(self, run: int | str, split: str, *, prompt: str | None = None) -> list[int]:
+        """The steps at which samples of `split` were recorded; with `prompt`, those at which
+        that prompt was sampled (where a completion can be compared with the same prompt's
+        completion at another step)."""
         x = models.Sample
         with self._session() as s:
             row = find_run(s, run)
-            return list(
-                s.scalars(
-                    select(x.step)
-                    .where(x.run_id == row.id, x.split == split)
-                    .distinct()
-                    .order_by(x.step)
-                )
-            )
-
-    def prompt_steps(self, run: int | str, *, split: str, prompt: str) -> list[int]:
-        """The steps at which `prompt` was sampled in `split`: where a completion can be
-        compared with the same prompt's completion at another step."""
-        x = models.Sample
-        with self._session() as s:
-            row = find_run(s, run)
-            return list(
-                s.scalars(
-                    select(x.step)
-                    .where(x.run_id == row.id, x.split == split, x.prompt == prompt)
-                    .distinct()
-                    .order_by(x.step)
-                )
-            )
+            where = [x.run_id == row.id, x.split == split]
+            if prompt is not None:
+                where.append(x.prompt == prompt)
+            return list(s.scalars(select(x.step).where(*where).distinct().order_by(x.step)))
 
     # -- checkpoints, events, export ------------------------------------------------------
 

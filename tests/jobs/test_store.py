@@ -133,9 +133,9 @@ def test_one_prompts_samples_and_the_steps_it_was_sampled_at(store):
         store.record_step(run.id, step_report(step, reward=float(step)))
     other = SampleRecord("train", 1, 0, "3+3?", "6", 1.0)
     store.record_step(run.id, StepReport(step=2, metrics={}, samples=[other]))
-    assert store.prompt_steps(run.id, split="train", prompt="3+3?") == [2]
-    assert store.prompt_steps(run.id, split="train", prompt="2+2?") == [1, 2, 3]
-    assert store.prompt_steps(run.id, split="eval", prompt="2+2?") == []
+    assert store.sample_steps(run.id, "train", prompt="3+3?") == [2]
+    assert store.sample_steps(run.id, "train", prompt="2+2?") == [1, 2, 3]
+    assert store.sample_steps(run.id, "eval", prompt="2+2?") == []
     assert [s.completion for s in store.samples(run.id, split="train", step=2)] == ["4", "6"]
     assert store.samples(run.id, split="train", step=2, prompt="3+3?") == [other]
 
