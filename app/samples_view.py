@@ -17,7 +17,7 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from app import inspector as ins
-from app.views import inert, label, param, set_param
+from app.views import MISSING, inert, label, param, set_param
 from engine.sink import SampleRecord
 from jobs.store.records import RunRecord
 from jobs.store.store import Store
@@ -330,6 +330,7 @@ def _table(shown: Sequence[SampleRecord], scope: Scope) -> None:
     st.dataframe(
         pd.DataFrame([asdict(s) for s in shown], columns=TABLE_COLUMNS),
         hide_index=True,
+        placeholder=MISSING,
         key=scope.widget("table"),
         column_config={
             "prompt": st.column_config.TextColumn(width="medium"),
@@ -400,6 +401,6 @@ def lbes_view(store: Store, run: RunRecord) -> None:
     population = pd.DataFrame(store.population(run.id, step))
     what = "correlation" if run.method == "lbes" else "fitness (mean reward)"
     st.markdown(f"**Members at step {step}** — fitness is the {what}")
-    st.dataframe(population, hide_index=True)
+    st.dataframe(population, hide_index=True, placeholder=MISSING)
     if run.method == "lbes" and step in store.sample_steps(run.id, "train"):
         inspect_step(store, run, "train", step, Scope("run_lbes", "lbes_"))

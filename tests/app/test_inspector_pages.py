@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.views import MISSING
 from engine.sink import SampleRecord, StepReport
 from jobs.store.store import Store
 from tests.app.sample_runs import CHANGED, END, LONG, PROMPTS, add_lbes_samples
@@ -141,6 +142,7 @@ def test_the_table_stays_for_sorting(store):
     table = at.dataframe[0].value
     assert len(table) == 4 and set(table["kept"]) == {False}
     assert {"reward", "dropped_by", "completion", "member"} <= set(table.columns)
+    assert at.dataframe[0].proto.placeholder == MISSING  # a base sample has no member
 
 
 def test_the_run_pages_samples_and_lbes_tabs_keep_their_own_filters(store):
