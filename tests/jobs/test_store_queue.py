@@ -213,6 +213,8 @@ def test_export_has_every_row_at_full_resolution(store):
         "shaped_fitness": 1.0,
         "reward": None,
         "cost": None,
+        "sample_rewards": None,
+        "sample_costs": None,
     }
     assert [e.message for e in exported.events] == ["hello"]
 
