@@ -378,3 +378,12 @@ def test_lbes_scores_generated_token_ids_like_transformers(pool, vllm_engine, tm
         # The stop token alone is one unlikely token (about -20 nats), not a mean of many:
         # bf16 logits put its error near 1% of its size (0.2 nats measured).
         assert abs(a - b) < LOGPROB_TOLERANCE + 0.02 * abs(b)
+
+
+def test_an_engines_start_leaves_the_garbage_collector_as_it_found_it(vllm_engine):
+    """The engine freezes the objects that exist while vLLM starts (its gc passes then skip
+    them) and unfreezes them after: nothing stays out of the collector's reach."""
+    import gc
+
+    assert vllm_engine.llm is not None
+    assert gc.get_freeze_count() == 0
