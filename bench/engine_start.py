@@ -2,9 +2,11 @@
 
     .venv/bin/python bench/engine_start.py [--repeats 2] [--model DIR]
 
-Each start runs in a fresh process (as a run's worker does), first with the KV cache that
-ES Lab sizes (ESLAB_CPU_KV_CACHE_GIB, 2 GiB by default), then with vLLM's own CPU sizing (a
-share of RAM: `gpu_memory_utilization` 0.3), and prints, per start: importing vLLM, creating
+Each start runs in a fresh process (as a run's worker does): as ES Lab starts an engine (the
+KV cache it sizes, ESLAB_CPU_KV_CACHE_GIB, 2 GiB by default, and the objects that exist frozen
+for the garbage collector while vLLM starts), the same without that freeze, and with vLLM's
+own CPU sizing of the KV cache (a share of RAM: `gpu_memory_utilization` 0.3). Per start it
+prints: importing vLLM, creating
 the engine (model, weights, KV cache), the ES state on the worker (master, snapshot, noise
 table), the first generated token, and the process's peak resident memory.
 """
@@ -23,9 +25,13 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parent.parent
 
 
-def one_start(model: str, share: float | None) -> dict[str, float]:
+def one_start(model: str, share: float | None, freeze: bool) -> dict[str, float]:
     """Runs in the child: one engine start, timed by part."""
+    import gc
     import resource
+
+    if not freeze:  # the engine's gc.freeze() / gc.unfreeze() become no-ops
+        gc.freeze = gc.unfreeze = lambda: None
 
     start = time.perf_counter()
     import vllm  # noqa: F401
@@ -57,11 +63,16 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        share = None if args.child == "eslab" else float(args.child)
-        print("RESULT " + json.dumps(one_start(args.model, share)), flush=True)
+        share = None if args.child.startswith("eslab") else float(args.child)
+        result = one_start(args.model, share, freeze=args.child != "eslab-no-freeze")
+        print("RESULT " + json.dumps(result), flush=True)
         return
     print("command: .venv/bin/python " + shlex.join(sys.argv), flush=True)
-    sizings = {"ES Lab's KV cache (2 GiB)": "eslab", "vLLM's share of RAM (0.3)": "0.3"}
+    sizings = {
+        "ES Lab": "eslab",
+        "without gc.freeze": "eslab-no-freeze",
+        "vLLM's KV cache sizing": "0.3",
+    }
     results: dict[str, list[dict[str, float]]] = {name: [] for name in sizings}
     for _ in range(args.repeats):
         for name, child in sizings.items():  # alternated, so drift hits both alike
@@ -77,10 +88,10 @@ def main() -> None:
             print(f"{name}: {results[name][-1]['total']:.1f} s", flush=True)
     parts = list(next(iter(results.values()))[0])
     print(f"\nmedian of {args.repeats} starts, seconds unless said")
-    print(f"{'part':<36}" + "".join(f"{name:>28}" for name in results))
+    print(f"{'part':<36}" + "".join(f"{name:>24}" for name in results))
     for part in parts:
         cells = "".join(
-            f"{statistics.median(r[part] for r in runs):>28.2f}" for runs in results.values()
+            f"{statistics.median(r[part] for r in runs):>24.2f}" for runs in results.values()
         )
         print(f"{part:<36}{cells}")
 
