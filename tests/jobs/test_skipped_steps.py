@@ -12,7 +12,12 @@ from engine.trainer import plan_total_steps, train
 from jobs.outcome import RunOutcome
 from jobs.sink import DatabaseSink
 from jobs.store.status import RunStatus
-from tests.unit.test_trainer import HalfFlatEngine, ToyPool, dataset, make_config  # noqa: F401
+from tests.unit.test_trainer import (  # noqa: F401 (dataset: a fixture)
+    HalfFlatEngine,
+    ToyPool,
+    dataset,
+    skipping_lbes_config,
+)
 
 
 def test_a_finished_run_with_skipped_steps_shows_all_its_steps_done(
@@ -23,18 +28,7 @@ def test_a_finished_run_with_skipped_steps_shows_all_its_steps_done(
     monkeypatch,
     capsys,
 ):
-    config = make_config(
-        dataset,
-        tmp_path,
-        method="lbes",
-        n=2,
-        temperature=1.0,
-        exclude_same_rewards_samples=True,
-        eval_strategy="no",
-        max_steps=None,
-        num_train_epochs=2,
-        data_batch_size=1,
-    )
+    config = skipping_lbes_config(dataset, tmp_path)
     total = plan_total_steps(config)
     run = sqlite_store.create_run(
         name="skips",

@@ -329,16 +329,10 @@ class HalfFlatEngine(ToyEngine):
         return [[sample(p, j) for j in range(n)] for p in prompts]
 
 
-def test_lbes_skipped_steps_use_up_their_batch_and_no_batch_is_drawn_past_the_epochs(
-    dataset, tmp_path
-):
-    """As nlp-waseda/lbes: the loop goes over num_train_epochs of batches; a skipped batch does
-    not advance the global step (nor the schedules), and no batch is drawn past the epochs."""
-    from engine.progress import ProgressSink
-    from engine.trainer import plan_total_steps
-    from engine.trainer.loop import current_schedules
-
-    config = make_config(
+def skipping_lbes_config(dataset, tmp_path, **options):
+    """LBES over two epochs of one-prompt batches, same-reward prompts dropped: with
+    HalfFlatEngine the two flat prompts are skipped once an epoch."""
+    return make_config(
         dataset,
         tmp_path,
         method="lbes",
@@ -349,9 +343,20 @@ def test_lbes_skipped_steps_use_up_their_batch_and_no_batch_is_drawn_past_the_ep
         max_steps=None,
         num_train_epochs=2,
         data_batch_size=1,
-        lr_scheduler_type="linear",
-        lr_final=0.0,
+        **options,
     )
+
+
+def test_lbes_skipped_steps_use_up_their_batch_and_no_batch_is_drawn_past_the_epochs(
+    dataset, tmp_path
+):
+    """As nlp-waseda/lbes: the loop goes over num_train_epochs of batches; a skipped batch does
+    not advance the global step (nor the schedules), and no batch is drawn past the epochs."""
+    from engine.progress import ProgressSink
+    from engine.trainer import plan_total_steps
+    from engine.trainer.loop import current_schedules
+
+    config = skipping_lbes_config(dataset, tmp_path, lr_scheduler_type="linear", lr_final=0.0)
     pool = ToyPool()
     pool.engine = HalfFlatEngine()
     sink = MemorySink()
