@@ -88,16 +88,23 @@ def baseline_seconds(engine: VLLMEngine, requests: dict, repeats: int) -> dict[s
 
 def report(method: str, sink: MemorySink, bases: list[dict[str, float]]) -> None:
     measured = [s.metrics for s in sink.steps[1:]]
-    step_s = float(np.mean([m[mk.time_key("step")] for m in measured]))
+
+    def mean(phase: str) -> float:
+        return float(np.mean([m[mk.time_key(phase)] for m in measured]))
+
+    step_s = mean("step")
     tokens = float(np.mean([completion_tokens(s) for s in sink.steps[1:]]))
     print(f"\n{method.upper()}: {len(measured)} measured steps")
     print(f"  iteration time          {step_s:8.2f} s")
     for phase in PHASES:
-        key = mk.time_key(phase)
-        if key in measured[0]:
-            seconds = float(np.mean([m[key] for m in measured]))
+        if mk.time_key(phase) in measured[0]:
+            seconds = mean(phase)
             print(f"  {phase:<23} {seconds:8.2f} s  ({seconds / step_s:5.1%})")
     print(f"  generated tokens        {tokens:8.0f}   {tokens / step_s:7.1f} tokens/s")
+    print(
+        f"  perturb + restore       {(mean('perturb') + mean('restore')) * 1e3:8.0f} ms a step "
+        "(bench/perturb.py sets them against a copy of the weights)"
+    )
     if not bases:
         return
     base = {k: float(np.mean([b[k] for b in bases])) for k in bases[0]}
@@ -106,17 +113,12 @@ def report(method: str, sink: MemorySink, bases: list[dict[str, float]]) -> None
     target = " (target >= 0.95)" if method == "es" else ""
     print(f"  efficiency              {same / step_s:8.2f}{target}")
     if base["logprob_tokens"]:
-        logprob_s = float(np.mean([m[mk.time_key("logprobs")] for m in measured]))
-        rate = base["logprob_tokens"] / logprob_s
+        rate = base["logprob_tokens"] / mean("logprobs")
         prefill_rate = base["logprob_tokens"] / base["prefill"]
         print(
             f"  log-likelihood tokens/s {rate:8.0f}   plain prefill of the same tokens "
             f"{prefill_rate:.0f} tokens/s: ratio {rate / prefill_rate:.2f} (target >= 0.9)"
         )
-    members = len(measured) and float(
-        np.mean([(m[mk.time_key("perturb")] + m[mk.time_key("restore")]) for m in measured])
-    )
-    print(f"  perturb + restore       {members * 1e3:8.0f} ms a step (bench/perturb.py: per copy)")
 
 
 def run(method: str, args: argparse.Namespace, engine: VLLMEngine | None, pool: EnginePool) -> None:
@@ -128,7 +130,7 @@ def run(method: str, args: argparse.Namespace, engine: VLLMEngine | None, pool: 
         if recorder is not None:
             recorder.stop()
     bases = []
-    if engine is not None and recorder is not None:
+    if recorder is not None:  # one engine: the same requests replayed on it
         for requests in recorder.steps[1 : len(sink.steps)]:  # the measured steps
             bases.append(baseline_seconds(engine, requests, args.repeats))
     report(method, sink, bases)

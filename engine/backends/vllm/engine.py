@@ -61,9 +61,9 @@ class VLLMEngine:
 
         gpu_memory_utilization None means 0.9 on a GPU and, on the CPU, a KV cache of a fixed
         size rather than a share of RAM (cpu/resources.py: threads and KV cache on the CPU);
-        enforce_eager None
-        means eager on the CPU (where vLLM would compile with inductor for minutes) and CUDA
-        graphs on a GPU (in-place weight changes are seen by CUDA graphs: measured).
+        enforce_eager None means eager on the CPU (where vLLM would compile with inductor for
+        minutes) and CUDA graphs on a GPU (in-place weight changes are seen by CUDA graphs:
+        measured).
 
         in_process runs vLLM's engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0,
         which the GPU machine needs anyway). Then all requests of one generate() call are
