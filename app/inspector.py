@@ -144,10 +144,6 @@ def sample_title(sample: SampleRecord) -> str:
     return f"prompt {sample.prompt_index} · {sample_name(sample)}"
 
 
-def number(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
-
-
 def verdict(sample: SampleRecord) -> str:
     """kept / dropped by which filter / '' for samples no filter judged."""
     if sample.kept is None:

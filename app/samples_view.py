@@ -17,7 +17,7 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from app import inspector as ins
-from app.views import MISSING, inert, label, param, set_param
+from app.views import MISSING, inert, label, number, param, set_param
 from engine.sink import SampleRecord
 from jobs.store.records import RunRecord
 from jobs.store.store import Store
@@ -156,10 +156,10 @@ def _funnel(stages: Sequence[ins.FunnelStage], step: int) -> None:
 
 def _header(sample: SampleRecord, title: str) -> str:
     """A card's first line as Markdown: every value escaped, the verdict in colour."""
-    parts = " · ".join(f"{k} {ins.number(v)}" for k, v in sample.reward_parts.items())
-    facts = [title, f"reward {ins.number(sample.reward)}"]
+    parts = " · ".join(f"{k} {number(v)}" for k, v in sample.reward_parts.items())
+    facts = [title, f"reward {number(sample.reward)}"]
     facts += [parts] if parts else []
-    facts += [f"logprob {ins.number(sample.logprob)}"] if sample.logprob is not None else []
+    facts += [f"logprob {number(sample.logprob)}"] if sample.logprob is not None else []
     text = f"**{inert(facts[0])}** · " + inert(" · ".join(facts[1:]))
     verdict = ins.verdict(sample)
     if verdict:
