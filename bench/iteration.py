@@ -34,6 +34,7 @@ from baselines import Recorder, logprob_seconds, prefill_seconds, same_tokens_se
 
 from engine import metrics as mk
 from engine.backends.pool import EnginePool
+from engine.backends.vllm.cpu.resources import cpu_model
 from engine.backends.vllm.engine import VLLMEngine
 from engine.config import RunConfig
 from engine.paths import data_dir, default_model_dir
@@ -145,7 +146,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="baseline calls; median counts")
     args = parser.parse_args()
     print("command: .venv/bin/python " + shlex.join(sys.argv), flush=True)
-    print(f"cpu: {cpu_name()}, {len(os.sched_getaffinity(0))} cores usable", flush=True)
+    print(f"cpu: {cpu_model()}, {len(os.sched_getaffinity(0))} cores usable", flush=True)
 
     cfg = config(args, "es")
     start = time.perf_counter()
@@ -165,14 +166,6 @@ def main() -> None:
             run(method, args, engine, pool)
     finally:
         pool.shutdown()
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        return "unknown"
 
 
 if __name__ == "__main__":

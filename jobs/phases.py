@@ -21,9 +21,11 @@ STARTING_ENGINE = "starting engine"
 ENGINE_STARTED = "engine started"
 
 
-def engine_started(seconds: float) -> str:
-    """The event that ends the phase, with how long the start took."""
-    return f"{ENGINE_STARTED} in {seconds:.1f} s"
+def engine_started(seconds: float, devices: Sequence[str] = ()) -> str:
+    """The event that ends the phase, with how long the start took and where the engines
+    compute."""
+    where = f" on {', '.join(devices)}" if devices else ""
+    return f"{ENGINE_STARTED} in {seconds:.1f} s{where}"
 
 
 @dataclass(frozen=True)

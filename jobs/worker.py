@@ -298,7 +298,8 @@ class Worker:
         sink.log_event("info", phases.STARTING_ENGINE)
         started = time.monotonic()
         pool = self.start_pool(config)
-        sink.log_event("info", phases.engine_started(time.monotonic() - started))
+        seconds = time.monotonic() - started
+        sink.log_event("info", phases.engine_started(seconds, pool.devices()))
         return pool
 
     # -- signals ------------------------------------------------------------------------

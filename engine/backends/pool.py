@@ -100,6 +100,13 @@ class EnginePool:
     def num_engines(self) -> int:
         return len(self._actors) if self._actors else 1
 
+    def devices(self) -> list[str]:
+        """Where each engine computes: its device and the card's or CPU's name."""
+        infos = self.infos if self._actors else [getattr(self._local, "info", {})]
+        return [
+            f"{info.get('device', '?')} ({info.get('device_name', 'unknown')})" for info in infos
+        ]
+
     # ---- population evaluation ----------------------------------------------------------------
 
     def evaluate(

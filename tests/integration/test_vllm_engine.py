@@ -74,6 +74,19 @@ def load_hf(path: Path):
 # ---- perturb and restore ---------------------------------------------------------------------
 
 
+def test_the_engine_says_where_it_computes(vllm_engine):
+    """The run's log says where its engines are (the "engine started" event)."""
+    import torch
+
+    from engine.backends.pool import EnginePool
+    from engine.backends.vllm.cpu.resources import cpu_model
+
+    device = vllm_engine.info["device"]
+    expected = torch.cuda.get_device_name(device) if device.startswith("cuda") else cpu_model()
+    assert vllm_engine.info["device_name"] == expected != "unknown"
+    assert EnginePool.wrap(vllm_engine).devices() == [f"{device} ({expected})"]
+
+
 def test_perturb_restore_is_bit_exact_after_many_cycles(vllm_engine):
     engine = vllm_engine
     num_tensors = engine.info["num_tensors"]

@@ -266,9 +266,13 @@ def test_the_engine_start_is_a_phase_of_the_run(sqlite_store, tmp_path):
     run = queue_run(sqlite_store, tmp_path / "out")
     release = threading.Event()
 
+    class StandInPool:
+        def devices(self) -> list[str]:
+            return ["cpu (a stand-in)"]
+
     def start_pool(config):
         assert release.wait(10)
-        return None
+        return StandInPool()
 
     def train_with_pool(config, sink, *, pool=None, resume_from=None):
         return standin.train(config, sink, resume_from=resume_from)
@@ -293,4 +297,5 @@ def test_the_engine_start_is_a_phase_of_the_run(sqlite_store, tmp_path):
     messages = [e.message for e in sqlite_store.events(run.id)]
     assert messages[0] == phases.STARTING_ENGINE
     assert messages[1].startswith("engine started in ")
+    assert messages[1].endswith(" s on cpu (a stand-in)")
     assert phases.phase_of(sqlite_store, sqlite_store.get_run(run.id)) is None

@@ -117,6 +117,7 @@ class PerturbationWorkerExtension:
             "table_dtype": str(self._es_table.dtype),
             "update_table_dtype": str(self._es_update_table.dtype),
             "device": str(largest.device),
+            "device_name": _device_name(largest.device),
             "tp_rank": self._es_tp_rank,
             "tp_size": self._es_tp_size,
             "torch_threads": torch.get_num_threads(),
@@ -397,6 +398,17 @@ def _tp_rank_and_size() -> tuple[int, int]:
     )
 
     return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+
+
+def _device_name(device: torch.device) -> str:
+    """The card's name (NVIDIA H100 80GB HBM3), or the CPU's model, for the run's log."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    from engine.backends.vllm.cpu.resources import cpu_model
+
+    return cpu_model()
 
 
 def _fused_modules(model: Any) -> dict[str, tuple[list[str], list[int]]]:

@@ -94,3 +94,12 @@ def _model_config(model_dir: str | Path) -> dict[str, Any] | None:
         return json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, ValueError):
         return None
+
+
+def cpu_model() -> str:
+    """The processor's model name, as /proc/cpuinfo gives it ("unknown" where it does not)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
+    except (OSError, StopIteration):
+        return "unknown"
