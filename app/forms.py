@@ -27,7 +27,8 @@ from engine.config import (
 )
 from engine.data.datasets import DatasetError
 from engine.data.local import dataset_files, default_output_dir, model_folders
-from engine.data.uploads import config_path, keep_upload
+from engine.data.uploads import keep_upload
+from engine.paths import config_path
 from jobs.store.store import Store
 from jobs.uploads import clean_uploads
 

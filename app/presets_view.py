@@ -10,17 +10,25 @@ from app import actions
 from app.cli.data import generate
 from app.views import inert
 from engine.data.datasets import DatasetError
-from engine.presets import load_preset, missing_data, preset_info
+from engine.presets import load_preset, missing_files, preset_info
 
 
 def show_preset(name: str) -> None:
-    """What preset `name` is for, what it needs and whether its data is there."""
+    """What preset `name` is for, what it needs and whether its model and data are there."""
     info = preset_info(name)
     with st.container(border=True):
         st.markdown(f"**{inert(name)}**: {inert(info.purpose)}")
         for need in info.needs:
             st.warning(inert(f"Needs {need}"), icon=":material/warning:")
-        missing = missing_data(load_preset(name))
+        missing = []
+        for m in missing_files(load_preset(name)):
+            if m.option != "model":
+                missing.append(m.named)
+                continue
+            st.warning(
+                inert(f"Its model folder {m.named} is missing (looked for at {m.where})"),
+                icon=":material/warning:",
+            )
         if not missing:
             return
         listed = ", ".join(missing)

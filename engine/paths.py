@@ -4,6 +4,13 @@ The data folder defaults to `data/` in the repository (the project is installed 
 the package knows where that is) and can be moved with `ESLAB_DATA_DIR`, for example onto a
 shared disk that Ray workers on other machines also see.
 
+A run configuration names files and folders as `resolve_path` reads them: `data/X` is X in the
+data folder, wherever ESLAB_DATA_DIR puts it (so a preset's `data/models/...` finds the models
+kept there), any other relative path is relative to the project, and an absolute path is
+itself. `config_path` is the inverse, the name the form and the data listings write. A run
+stores its paths resolved (`RunConfig.with_resolved_paths`), so it reads the same files when it
+is resumed or cloned under another ESLAB_DATA_DIR.
+
 A run writes its checkpoints and final model into its `output_dir`, and whoever may launch a
 run chooses that folder, so it is confined (`output_dir_problem`): inside the data folder or
 a folder listed in `ESLAB_OUTPUT_ROOTS`, never the project's own files nor a model folder.
@@ -15,6 +22,8 @@ import os
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DATA_PREFIX = "data"
+"""The first part of a configuration's relative path that names the data folder."""
 
 
 def data_dir() -> Path:
@@ -22,13 +31,12 @@ def data_dir() -> Path:
 
 
 def output_roots() -> list[Path]:
-    """The folders run outputs may go into, resolved: the data folder, the repository's
-    `data/runs` (where the presets write, so they work when ESLAB_DATA_DIR moves the data
-    folder), then those of ESLAB_OUTPUT_ROOTS (separated by os.pathsep, relative ones
-    relative to the project)."""
+    """The folders run outputs may go into, resolved: the data folder (where the presets'
+    `data/runs/...` lies), then those of ESLAB_OUTPUT_ROOTS (separated by os.pathsep, relative
+    ones resolved as a configuration's paths are)."""
     extra = os.environ.get("ESLAB_OUTPUT_ROOTS", "").split(os.pathsep)
     extra_roots = [resolve_path(p.strip()).resolve() for p in extra if p.strip()]
-    return [data_dir().resolve(), (PROJECT_ROOT / "data" / "runs").resolve(), *extra_roots]
+    return [data_dir().resolve(), *extra_roots]
 
 
 def output_dir_problem(output_dir: str, model_dirs: list[Path]) -> str | None:
@@ -66,7 +74,33 @@ def default_model_dir() -> Path:
 
 
 def resolve_path(path: str | Path) -> Path:
-    """Relative paths in a run configuration are relative to the project root, so a run
-    behaves the same whether it starts from a shell, a Ray job or the dashboard."""
+    """The file or folder a run configuration's `path` names, the same whether the run starts
+    from a shell, a Ray job or the dashboard: absolute as given; `data/X` in the data folder;
+    any other relative path in the project.
+
+    The repository ships datasets in its own data/ (data/conciseness, data/alignment): a
+    `data/X` that the data folder lacks is the checkout's data/X when that is a file, so the
+    presets' datasets are found after ESLAB_DATA_DIR moves the data folder (a copy in the
+    data folder wins). Folders (models, outputs) never fall back: a run's output must not
+    land in the checkout because an old folder of that name is there."""
     p = Path(path).expanduser()
-    return p if p.is_absolute() else PROJECT_ROOT / p
+    if p.is_absolute():
+        return p
+    if p.parts[:1] != (DATA_PREFIX,):
+        return PROJECT_ROOT / p
+    inside = Path(*p.parts[1:])
+    found = data_dir().absolute() / inside
+    shipped = PROJECT_ROOT / DATA_PREFIX / inside
+    return shipped if not found.exists() and shipped.is_file() else found
+
+
+def config_path(path: Path) -> str:
+    """How a run configuration names the absolute `path`, the inverse of `resolve_path`:
+    `data/X` inside the data folder, relative inside the project (outside its data/, which
+    `data/` would no longer name once ESLAB_DATA_DIR moves the data folder), else absolute."""
+    data = data_dir().absolute()
+    if path.is_relative_to(data):
+        return str(DATA_PREFIX / path.relative_to(data))
+    if path.is_relative_to(PROJECT_ROOT) and not path.is_relative_to(PROJECT_ROOT / DATA_PREFIX):
+        return str(path.relative_to(PROJECT_ROOT))
+    return str(path)

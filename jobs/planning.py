@@ -1,5 +1,5 @@
 """Planning a run before it is stored: the one place that validates a configuration and
-decides the run's name, steps, tags and stored configuration, for queued runs
+decides the run's name, steps, tags and stored configuration (its paths resolved), for queued runs
 (jobs.launch) and foreground ones (jobs.runner) alike."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class RunPlan:
 
     name: str
     method: str
-    config: dict[str, Any]  # RunConfig.to_flat(), as the database keeps it
+    config: dict[str, Any]  # RunConfig.to_flat() with its paths resolved, as the database keeps it
     total_steps: int
     output_dir: Path  # resolved
     tags: list[str] = field(default_factory=list)
@@ -52,19 +52,19 @@ def plan_run(
     Raises ConfigError (naming the field), DatasetError, RewardError or ModelError."""
     # Imported here: the dashboard imports this module, the training library only when a
     # run is planned.
-    from engine.paths import resolve_path
     from engine.trainer import plan_total_steps
 
     name = name or default_run_name(config)
     if problem := run_name_problem(name):  # a name given apart from the configuration
         raise ConfigError([FieldError("run_name", f"the run name {problem}")])
     total = plan_total_steps(config)
+    config = config.with_resolved_paths()  # stored as resolved: the same files on a resume
     return RunPlan(
         name=name,
         method=config.method,
         config=config.to_flat(),
         total_steps=total,
-        output_dir=resolve_path(config.data.output_dir),
+        output_dir=Path(config.data.output_dir or ""),
         tags=list(tags),
         parent_id=parent_id,
     )

@@ -13,6 +13,15 @@ if TYPE_CHECKING:
     from engine.data.datasets import WriteResult
 
 COUNTDOWN_FORMATS = ("lbes", "es-at-scale")
+OUT_HELP = " (named as a run configuration names it: data/... is in the data folder)"
+
+
+def config_out(text: str) -> str:
+    """argparse type of `--out`: resolved as a run configuration's path is (engine.paths), so
+    the data lands where a configuration naming it looks, from any working folder."""
+    from engine.paths import resolve_path
+
+    return str(resolve_path(text))
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -33,17 +42,21 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         choices=(3, 4),
         help="numbers per puzzle (required for lbes; es-at-scale mixes 3 and 4 unless given)",
     )
-    countdown.add_argument("--out", required=True, help="folder for train/test.parquet")
+    countdown.add_argument(
+        "--out", required=True, type=config_out, help="folder for train/test.parquet" + OUT_HELP
+    )
     countdown.add_argument("--n-train", type=int, help="lbes: 8192, es-at-scale: 200")
     countdown.add_argument("--n-test", type=int, help="lbes: 1024, es-at-scale: 2000")
     countdown.add_argument("--seed", type=int, default=42)
     countdown.set_defaults(func=cmd_data_countdown)
     gsm8k = data_cmds.add_parser("gsm8k", help="convert a local GSM8K .jsonl file")
     gsm8k.add_argument("--input", required=True, help="GSM8K jsonl: question, answer ... #### N")
-    gsm8k.add_argument("--out", required=True, help="output parquet file")
+    gsm8k.add_argument("--out", required=True, type=config_out, help="parquet file" + OUT_HELP)
     gsm8k.set_defaults(func=cmd_data_gsm8k)
     concise = data_cmds.add_parser("conciseness", help="write the shipped conciseness dataset")
-    concise.add_argument("--out", required=True, help="folder for train/test.parquet")
+    concise.add_argument(
+        "--out", required=True, type=config_out, help="folder for train/test.parquet" + OUT_HELP
+    )
     concise.set_defaults(func=cmd_data_conciseness)
     clean = data_cmds.add_parser(
         "clean-uploads",
@@ -115,11 +128,9 @@ GENERATORS: dict[str, Callable[[argparse.Namespace], WriteResult]] = {
 
 def generate(command: str) -> WriteResult:
     """Run `eslab data countdown|conciseness ...` in this process, read by the command's own
-    parser; its --out is resolved as a run resolves paths (from the project root), so it
-    writes where a configuration naming the files looks. DatasetError for any other command
-    line and for what the generator refuses."""
+    parser (which resolves its --out as a run resolves paths). DatasetError for any other
+    command line and for what the generator refuses."""
     from engine.data.datasets import DatasetError
-    from engine.paths import resolve_path
 
     parser = argparse.ArgumentParser(prog="eslab", add_help=False)
     add_commands(parser.add_subparsers(dest="command", required=True))
@@ -133,7 +144,6 @@ def generate(command: str) -> WriteResult:
             f"{command!r} is not a command that generates a dataset "
             f"(eslab data {' | '.join(GENERATORS)} ...)"
         )
-    args.out = str(resolve_path(args.out))
     return GENERATORS[args.data_command](args)
 
 

@@ -1,5 +1,6 @@
 """`eslab presets`: the ready-made runs, what each is for and what it needs first (the
-preset files' opening comments, as the New run form shows them)."""
+preset files' opening comments, as the New run form shows them), and whether its model folder
+and datasets are where a run would look (`data/...` in the data folder, ESLAB_DATA_DIR)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from engine.presets import preset_info, preset_names
+    from engine.presets import load_preset, missing_files, preset_info, preset_names
 
     for name in preset_names():
         info = preset_info(name)
@@ -23,6 +24,20 @@ def cmd_presets(args: argparse.Namespace) -> int:
         lines = [info.purpose, *(f"Needs {need}" for need in info.needs)]
         if info.data_command:
             lines.append(f"Data first: {info.data_command}")
+        missing = missing_files(load_preset(name))
+        lines += [f"Missing {m.option} {m.named} (looked for at {m.where})" for m in missing]
+        if not missing:
+            lines.append("Ready: its model and datasets are there")
         for line in lines:
-            print(textwrap.fill(line, 96, initial_indent="  ", subsequent_indent="    "))
+            # paths stay whole, to be copied
+            print(
+                textwrap.fill(
+                    line,
+                    96,
+                    initial_indent="  ",
+                    subsequent_indent="    ",
+                    break_long_words=False,
+                    break_on_hyphens=False,
+                )
+            )
     return 0

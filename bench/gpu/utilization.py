@@ -15,7 +15,8 @@ member does the same work.
 
 Also prints the weight operations against one plain copy of all weights (inside the worker,
 synchronized): perturb, restore and an update of `population` members. Prints one table row
-per engine count and writes every figure to --json.
+per engine count and writes every figure to --json, with the card, vLLM's version and each
+row's perturbation (full or lora), which bench/gpu/table.py shows.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from engine.trainer import train
 from engine.trainer.reporting import completion_tokens
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from table import BATCH, PHASES, TOKENS, print_table
+from table import BATCH, PHASES, TOKENS, render
 
 TRAIN_FILE = data_dir() / "conciseness" / "train.parquet"
 
@@ -141,11 +142,13 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
+    import vllm
 
     card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     results = {
         "model": args.model,
         "card": card,
+        "vllm": vllm.__version__,
         "population": args.population,
         "prompts": args.prompts,
         "max_tokens": args.max_tokens,
@@ -177,6 +180,7 @@ def main() -> None:
                 results["batched_tokens_per_s"] = batched_tokens_per_s(pool, args.max_tokens)
             row = {
                 "engines": k,
+                "perturbation": "full",
                 "start_s": started,
                 **es_iteration(pool, es_config(args, lora=False)),
             }
@@ -187,7 +191,7 @@ def main() -> None:
         record(results, row, args.json)
     if args.lora:
         record(results, lora_row(args, common), args.json)
-    print_table(results)
+    print(render(results, str(args.json or args.model)))
 
 
 def lora_row(args: argparse.Namespace, common: dict) -> dict:
@@ -205,6 +209,7 @@ def lora_row(args: argparse.Namespace, common: dict) -> dict:
     try:
         return {
             "engines": 1,
+            "perturbation": "lora",
             "mode": f"lora r{args.rank}",
             "start_s": started,
             **es_iteration(pool, config),

@@ -759,6 +759,29 @@ class RunConfig:
             raise ConfigError(errors)
         return build(merged)
 
+    def with_resolved_paths(self) -> RunConfig:
+        """A copy whose model folder, datasets and output folder are absolute, as
+        engine.paths.resolve_path finds them now (a hub model id stays as it is): what a run
+        stores, so that resuming or cloning it reads the same files even where ESLAB_DATA_DIR,
+        which `data/...` follows, has changed since."""
+        from engine.model_files import local_model
+        from engine.paths import resolve_path
+
+        def resolved(path: str | None) -> str | None:
+            return None if path is None else str(resolve_path(path))
+
+        local = local_model(self.model.model)
+        return dataclasses.replace(
+            self,
+            model=dataclasses.replace(self.model, model=str(local or self.model.model)),
+            data=dataclasses.replace(
+                self.data,
+                train_file=resolved(self.data.train_file),
+                eval_file=resolved(self.data.eval_file),
+                output_dir=resolved(self.data.output_dir),
+            ),
+        )
+
     # -- out
 
     def to_flat(self) -> dict[str, Any]:

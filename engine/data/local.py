@@ -1,16 +1,16 @@
 """What the data folder offers a run: its model folders, its parquet datasets (shipped,
 generated and uploaded) and a run's default output folder, each named as a run
-configuration names it (relative to the project when inside it, as config_path writes).
-The New run form offers these; a run may still name anything else."""
+configuration names it (`data/...`, which resolves to the data folder wherever
+ESLAB_DATA_DIR puts it: engine.paths.config_path). The New run form offers these; a run may
+still name anything else."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from engine.data.uploads import config_path
 from engine.filenames import safe_file_name
-from engine.paths import data_dir
+from engine.paths import config_path, data_dir
 
 MODELS_FOLDER = "models"
 RUNS_FOLDER = "runs"

@@ -67,15 +67,6 @@ def uploads_dir() -> Path:
     return paths.data_dir().absolute() / "uploads"
 
 
-def config_path(path: Path) -> str:
-    """How a run configuration names `path`: relative to the project root when it is inside
-    it (as configurations usually name files), absolute otherwise."""
-    try:
-        return str(path.relative_to(paths.PROJECT_ROOT))
-    except ValueError:
-        return str(path)
-
-
 def keep_upload(data: bytes, name: str) -> KeptUpload:
     """Keep the uploaded parquet `data` (the browser called it `name`) in the uploads folder
     if it is a dataset a run can use; DatasetError naming `name` and what is wrong (and the

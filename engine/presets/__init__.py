@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import RunConfig
+from engine.model_files import local_model
 from engine.paths import resolve_path
 
 PRESET_DIR = Path(__file__).parent
@@ -74,10 +75,27 @@ def preset_info(name: str) -> PresetInfo:
     return PresetInfo(name, found["For"][0], tuple(found["Needs"]), next(iter(found["Data"]), None))
 
 
-def missing_data(config: RunConfig) -> list[str]:
-    """The datasets a configuration names that do not exist (yet), as it names them."""
-    files = (config.data.train_file, config.data.eval_file)
-    return [f for f in files if f is not None and not resolve_path(f).is_file()]
+@dataclass(frozen=True)
+class Missing:
+    """A model folder or dataset a configuration names that is not there (yet)."""
+
+    option: str  # model, train_file or eval_file
+    named: str  # as the configuration names it
+    where: Path  # where it was looked for (engine.paths.resolve_path)
+
+
+def missing_files(config: RunConfig) -> list[Missing]:
+    """The model folder (unless the model is a hub id) and the datasets a configuration names
+    that are not where a run would look for them: for `data/...` the data folder that
+    ESLAB_DATA_DIR names."""
+    found: list[Missing] = []
+    if (model := local_model(config.model.model)) is not None and not model.is_dir():
+        found.append(Missing("model", config.model.model, model))
+    for option in ("train_file", "eval_file"):
+        named = getattr(config.data, option)
+        if named is not None and not (where := resolve_path(named)).is_file():
+            found.append(Missing(option, named, where))
+    return found
 
 
 def _existing(name: str) -> Path:

@@ -15,6 +15,7 @@ from engine.sink import PopulationRecord, SampleRecord, StepReport
 from jobs.store.migrate import upgrade
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
+from tests.model_folders import placeholder_model
 from tests.outputs import allow_temporary_outputs  # noqa: F401 (an autouse fixture)
 
 REWARD = "engine.rewards.conciseness.compute_score"
@@ -44,11 +45,7 @@ def data_folder(tmp_path, monkeypatch, dataset) -> Path:
     """ESLAB_DATA_DIR = `tmp_path`, holding the `dataset` fixture (task/train.parquet) and a
     model folder, models/tiny, with the files queueing checks (config.json with a
     model_type, weights, tokenizer) but no real weights: the New run form offers both."""
-    model = tmp_path / "models" / "tiny"
-    model.mkdir(parents=True)
-    (model / "config.json").write_text('{"model_type": "llama"}')
-    (model / "model.safetensors").write_bytes(b"")
-    (model / "tokenizer.json").write_text("{}")
+    placeholder_model(tmp_path / "models" / "tiny")
     monkeypatch.setenv("ESLAB_DATA_DIR", str(tmp_path))
     return tmp_path
 

@@ -15,6 +15,7 @@ from engine import paths
 from engine.config import GROUP_TITLES, RunConfig, config_fields
 from engine.data.local import default_output_dir
 from engine.data.uploads import keep_upload
+from engine.paths import resolve_path
 from engine.presets import load_preset, preset_info
 from jobs.store.store import Store
 from tests.app.test_pages import MAIN, TIMEOUT, page
@@ -66,13 +67,14 @@ def test_every_field_has_its_label_its_option_name_and_its_help_from_the_schema(
 def test_the_model_and_dataset_fields_offer_the_data_folder(store, data_folder, dataset):
     upload = keep_upload(dataset.read_bytes(), "mine.parquet").path
     at = page("app_pages/new_run.py")
-    assert str(data_folder / "models" / "tiny") in at.selectbox(key="new_model").options
+    # named data/... as a configuration names them: data/ is the data folder, wherever it is
+    assert "data/models/tiny" in at.selectbox(key="new_model").options
     for field in ("train_file", "eval_file"):
         offered = at.selectbox(key=forms.key(field)).options
-        assert str(dataset) in offered and str(upload) in offered
+        assert "data/task/train.parquet" in offered and f"data/uploads/{upload.name}" in offered
         assert not [o for o in offered if "/models/" in o]
-    at.selectbox(key="new_eval_file").select(str(upload)).run()
-    assert values(at)["eval_file"] == str(upload)
+    at.selectbox(key="new_eval_file").select(f"data/uploads/{upload.name}").run()
+    assert resolve_path(str(values(at)["eval_file"])) == upload
 
 
 def test_output_dir_defaults_to_the_runs_own_folder_and_follows_its_name(store, project):
@@ -98,6 +100,7 @@ def test_output_dir_defaults_to_the_runs_own_folder_and_follows_its_name(store, 
 
 
 def test_a_preset_fills_the_form_and_says_what_it_is_for(store, project):
+    (project / "data" / "models" / "smollm2-135m-instruct").mkdir(parents=True)
     at = page("app_pages/new_run.py")
     at.selectbox(key="new_preset").select("lbes-conciseness").run()
     assert not at.exception
@@ -108,7 +111,16 @@ def test_a_preset_fills_the_form_and_says_what_it_is_for(store, project):
     assert at.text_input(key="new_output_dir").value == f"data/runs/{name}"  # not the preset's
     purpose = preset_info("lbes-conciseness").purpose
     assert any(purpose[:40] in m.value.replace("\\", "") for m in at.markdown)
-    assert not at.warning  # it needs nothing
+    assert not at.warning  # it needs nothing, and its model is in the data folder
+
+
+def test_a_preset_whose_model_is_not_in_the_data_folder_says_where_it_looked(store, project):
+    at = page("app_pages/new_run.py")
+    at.selectbox(key="new_preset").select("lbes-conciseness").run()
+    where = project / "data" / "models" / "smollm2-135m-instruct"
+    assert [w.value.replace("\\", "") for w in at.warning] == [
+        f"Its model folder data/models/smollm2-135m-instruct is missing (looked for at {where})"
+    ]
 
 
 def test_a_countdown_preset_says_it_needs_a_larger_model_and_generates_its_data(store, project):

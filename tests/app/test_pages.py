@@ -16,6 +16,7 @@ from app.forms import config_diff
 from app.views import inert
 from engine import metrics as mk
 from engine.config import config_fields
+from engine.paths import config_path
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
 
@@ -111,7 +112,7 @@ def test_new_run_form_is_generated_from_the_schema(store):
 
 def test_new_run_bad_value_names_the_field(store, dataset, data_folder, tmp_path):
     at = page("app_pages/new_run.py")
-    at.selectbox(key="new_train_file").select(str(dataset))
+    at.selectbox(key="new_train_file").select(config_path(dataset))  # as the form names it
     at.text_input(key="new_output_dir").input(str(tmp_path / "new-out"))
     at.text_input(key="new_reward_func_path").input("engine.rewards.conciseness.compute_score")
     at.text_input(key="new_noise_std").input("-1").run()
@@ -123,10 +124,10 @@ def test_new_run_bad_value_names_the_field(store, dataset, data_folder, tmp_path
 
 def test_new_run_submit_queues_a_run(store, dataset, data_folder, tmp_path):
     at = page("app_pages/new_run.py")
-    at.selectbox(key="new_train_file").select(str(dataset))
+    at.selectbox(key="new_train_file").select(config_path(dataset))  # as the form names it
     at.text_input(key="new_output_dir").input(str(tmp_path / "new-out"))
     at.text_input(key="new_reward_func_path").input("engine.rewards.conciseness.compute_score")
-    at.selectbox(key="new_model").select(str(data_folder / "models" / "tiny"))
+    at.selectbox(key="new_model").select(config_path(data_folder / "models" / "tiny"))
     at.text_input(key="new_max_steps").input("3")
     at.text_input(key="new_run_name").input("from-the-form").run()
     queue = next(b for b in at.button if b.label == "Queue run")
@@ -134,6 +135,9 @@ def test_new_run_submit_queues_a_run(store, dataset, data_folder, tmp_path):
     assert not at.exception, at.exception
     runs, total = store.search_runs(text="from-the-form")
     assert total == 1 and runs[0].status is RunStatus.QUEUED and runs[0].total_steps == 3
+    # stored resolved: the same files even if ESLAB_DATA_DIR, which data/... follows, changes
+    assert runs[0].config["train_file"] == str(dataset)
+    assert runs[0].config["model"] == str(data_folder / "models" / "tiny")
 
 
 def test_new_run_clone_prefills(store):

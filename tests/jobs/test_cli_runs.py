@@ -24,14 +24,17 @@ from jobs.service import dashboard_address, recorded_dashboard
 from jobs.store.status import RunStatus
 from tests.jobs.conftest import free_port
 from tests.jobs.helpers import wait_for
+from tests.model_folders import DEFAULT_MODEL, placeholder_model
 
 
 @pytest.fixture
 def db(sqlite_store, sqlite_url, monkeypatch, tmp_path):
     monkeypatch.setenv("ESLAB_DATABASE_URL", sqlite_url)
     monkeypatch.delenv("ESLAB_DASHBOARD_URL", raising=False)
-    # a data folder of its own: no `eslab serve` of this machine records its address there
+    # a data folder of its own: no `eslab serve` of this machine records its address there;
+    # the default model's folder in it, as queueing checks it (no run here loads it)
     monkeypatch.setenv("ESLAB_DATA_DIR", str(tmp_path / "data"))
+    placeholder_model(tmp_path / "data" / "models" / DEFAULT_MODEL)
     return sqlite_store
 
 

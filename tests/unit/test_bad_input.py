@@ -16,7 +16,7 @@ from app.forms import parse_yaml
 from engine.config import ConfigError, RunConfig, read_yaml
 from engine.config.yaml_io import MAX_YAML_BYTES
 from engine.model_files import MANIFEST_NAME, ModelError, check_model_dir, default_model_is_ready
-from engine.paths import PROJECT_ROOT, data_dir, default_model_dir
+from engine.paths import PROJECT_ROOT, data_dir, default_model_dir, resolve_path
 
 REQUIRED = {
     "train_file": "t.parquet",
@@ -146,14 +146,14 @@ def data_folder(tmp_path, monkeypatch) -> Path:
 def test_output_dir_inside_the_data_folder_is_accepted(data_folder):
     assert problems(output_dir=str(data_folder / "runs" / "a")) == {}
     assert problems(output_dir=str(data_folder / "runs" / ".." / "b")) == {}
-    assert problems(output_dir="data/runs/preset") == {}  # where presets write, data moved
+    assert problems(output_dir="data/runs/preset") == {}  # where presets write: data moved too
 
 
 @pytest.mark.parametrize(
     ("output_dir", "why"),
     [
         ("out", "is not a folder inside the data folder"),  # the project folder
-        ("data/x", "is not a folder inside the data folder"),  # the project data, not ours
+        ("{project}/data/runs/x", "is not a folder inside the data folder"),  # not ours
         ("{data}", "is not a folder inside the data folder"),  # the root itself
         ("{data}/runs/../../escape", "is not a folder inside the data folder"),
         ("{data}/link/run", "is not a folder inside the data folder"),  # a symlink out
@@ -166,7 +166,8 @@ def test_output_dir_inside_the_data_folder_is_accepted(data_folder):
 )
 def test_output_dir_outside_the_roots_or_on_a_model_is_refused(data_folder, output_dir, why):
     (data_folder / "link").symlink_to(data_folder.parent)
-    message = problems(output_dir=output_dir.replace("{data}", str(data_folder)))["output_dir"]
+    output_dir = output_dir.replace("{data}", str(data_folder))
+    message = problems(output_dir=output_dir.replace("{project}", str(PROJECT_ROOT)))["output_dir"]
     assert message.startswith("data.output_dir ") and why in message
 
 
@@ -193,8 +194,8 @@ def test_presets_and_the_readme_example_write_inside_the_data_folder():
     from engine.presets import load_preset, preset_names
 
     for name in preset_names():
-        out = Path(load_preset(name).data.output_dir)
-        assert (PROJECT_ROOT / out).resolve().is_relative_to(data_dir().resolve())
+        out = resolve_path(load_preset(name).data.output_dir)
+        assert out.resolve().is_relative_to(data_dir().resolve())
 
 
 # --------------------------------------------------------------------------- run names

@@ -1,8 +1,10 @@
 """What the data folder offers a run (engine.data.local): model folders, parquet datasets
-with uploads, and a run's default output folder, which the output_dir rules accept."""
+with uploads, and a run's default output folder, which the output_dir rules accept; each
+named data/... wherever ESLAB_DATA_DIR puts the data folder, and resolving back there."""
 
 from engine.config import RunConfig
 from engine.data.local import dataset_files, default_output_dir, model_folders
+from engine.paths import resolve_path
 
 
 def touch(path):
@@ -18,7 +20,8 @@ def test_models_are_the_folders_of_data_models_with_a_config(tmp_path, monkeypat
     touch(tmp_path / "models" / "a" / "config.json")
     touch(tmp_path / "models" / "half-fetched" / "model.safetensors")
     touch(tmp_path / "models" / ".hidden" / "config.json")
-    assert model_folders() == [str(tmp_path / "models" / n) for n in ("a", "b")]
+    assert model_folders() == ["data/models/a", "data/models/b"]
+    assert resolve_path("data/models/a") == tmp_path / "models" / "a"
 
 
 def test_datasets_are_the_parquet_files_of_the_data_folder_uploads_included(tmp_path, monkeypatch):
@@ -38,12 +41,14 @@ def test_datasets_are_the_parquet_files_of_the_data_folder_uploads_included(tmp_
         "countdown3/train.json",
     ):
         touch(tmp_path / skipped)
-    assert dataset_files() == sorted(str(p) for p in offered)
+    assert dataset_files() == sorted(f"data/{p.relative_to(tmp_path)}" for p in offered)
+    assert [resolve_path(f) for f in dataset_files()] == sorted(offered)
 
 
 def test_the_default_output_dir_is_the_runs_own_folder_and_passes_the_rules(tmp_path, monkeypatch):
     monkeypatch.setenv("ESLAB_DATA_DIR", str(tmp_path))
-    assert default_output_dir("lbes run/../x") == str(tmp_path / "runs" / "lbes-run-..-x")
+    assert default_output_dir("lbes run/../x") == "data/runs/lbes-run-..-x"
+    assert resolve_path(default_output_dir("x")) == tmp_path / "runs" / "x"
     monkeypatch.delenv("ESLAB_DATA_DIR")
     folder = default_output_dir("my run")
     assert folder == "data/runs/my-run"
