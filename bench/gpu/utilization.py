@@ -1,7 +1,7 @@
 """Engine utilization of an ES iteration on a GPU, with one or several engines per GPU.
 
     python3 bench/gpu/utilization.py MODEL_DIR [--engines 1 4 8] [--lora] [--population 32]
-        [--prompts 8] [--max-tokens 128] [--steps 1] [--json FILE]
+        [--prompts 8] [--max-tokens 128] [--steps 1] [--lora-kernels fast] [--json FILE]
 
 utilization = generated tokens per second of an ES iteration (population members, each
 generating for `prompts` prompts, greedy) / tokens per second of ONE batched generate call of
@@ -10,7 +10,8 @@ full). With one engine, members run one at a time and its batch holds only `prom
 sequences; with K engines sharing the GPU (EnginePool engines_per_gpu=K, Ray actors) K members
 generate at once. With --lora, a last row runs the low-rank mode (perturbation: lora, rank
 --rank, merged updates) on one multi-LoRA engine: every member's prompts in one call, one
-adapter per member. A random-weight model generates until max_tokens almost always, so every
+adapter per member (`--engines` with no count: that row alone, the 256-prompt call then on
+the multi-LoRA engine). A random-weight model generates until max_tokens almost always, so every
 member does the same work.
 
 Also prints the weight operations against one plain copy of all weights (inside the worker,
@@ -34,6 +35,7 @@ from engine import metrics as mk
 from engine.backends.pool import EnginePool
 from engine.config import RunConfig
 from engine.data.datasets import load_dataset
+from engine.lowrank.factors import LORA_KERNELS
 from engine.lowrank.population import engine_args
 from engine.paths import data_dir
 from engine.sink import MemorySink
@@ -72,7 +74,12 @@ def es_config(args: argparse.Namespace, lora: bool) -> RunConfig:
         "learning_rate": 1e-5,
     }
     if lora:
-        options |= {"perturbation": "lora", "lora_rank": args.rank, "noise_std": 0.02}
+        options |= {
+            "perturbation": "lora",
+            "lora_rank": args.rank,
+            "lora_kernels": args.lora_kernels,
+            "noise_std": 0.02,
+        }
     return RunConfig.from_flat(options)
 
 
@@ -124,7 +131,13 @@ def weight_ops(pool: EnginePool, population: int, repeats: int = 10) -> dict[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model")
-    parser.add_argument("--engines", type=int, nargs="+", default=[1, 4])
+    parser.add_argument(
+        "--engines",
+        type=int,
+        nargs="*",
+        default=[1, 4],
+        help="full-rank rows, one per engine count; none (--engines alone) for --lora only",
+    )
     parser.add_argument("--population", type=int, default=32)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -132,6 +145,12 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--lora", action="store_true", help="add the low-rank mode's row")
     parser.add_argument("--rank", type=int, default=4, help="lora_rank of the --lora row")
+    parser.add_argument(
+        "--lora-kernels",
+        default="deterministic",
+        choices=LORA_KERNELS,
+        help="lora_kernels of the --lora row (a process reads vLLM's kernel choice once)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument(
         "--memory",
@@ -190,12 +209,14 @@ def main() -> None:
             pool.shutdown()
         record(results, row, args.json)
     if args.lora:
-        record(results, lora_row(args, common), args.json)
+        record(results, lora_row(args, common, results), args.json)
     print(render(results, str(args.json or args.model)))
 
 
-def lora_row(args: argparse.Namespace, common: dict) -> dict:
-    """The low-rank mode on one multi-LoRA engine (max_loras = the population)."""
+def lora_row(args: argparse.Namespace, common: dict, results: dict) -> dict:
+    """The low-rank mode on one multi-LoRA engine (max_loras = the population). Without a
+    one-engine full-rank row, the 256-prompt call is measured on this engine (the base
+    model, no adapter): the engine's own batched speed."""
     config = es_config(args, lora=True)
     start = time.perf_counter()
     pool = EnginePool(
@@ -203,14 +224,19 @@ def lora_row(args: argparse.Namespace, common: dict) -> dict:
         max_num_seqs=BATCH,
         gpu_memory_utilization=args.memory,
         extra_llm_args=engine_args(config),
+        lora_kernels=args.lora_kernels,
         **common,
     )
     started = time.perf_counter() - start
     try:
+        if "batched_tokens_per_s" not in results:
+            results["parameters"] = pool._local.info["num_parameters"]
+            results["batched_tokens_per_s"] = batched_tokens_per_s(pool, args.max_tokens)
+            results["note"] = "the 256-prompt call ran on the multi-LoRA engine"
         return {
             "engines": 1,
             "perturbation": "lora",
-            "mode": f"lora r{args.rank}",
+            "mode": f"lora r{args.rank}, {args.lora_kernels} kernels",
             "start_s": started,
             **es_iteration(pool, config),
         }
