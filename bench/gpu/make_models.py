@@ -1,17 +1,16 @@
-"""Random-weight models of real shapes for the GPU tests and benchmarks (run on the device).
+"""Random-weight models of real shapes for the GPU benchmarks (run on the device).
 
     python3 bench/gpu/make_models.py TOKENIZER_DIR OUT_DIR
 
-The real SmolLM2-135M-Instruct (270 MB in bf16) does not fit one device call next to the
-wheels, so the GPU machine builds models with transformers instead, from TOKENIZER_DIR (the
-default model's config.json, tokenizer and chat template, 3.5 MB):
+Throughput benchmarks want every member to do the same work, which a random model does (it
+generates until max_tokens almost always); the real default model stops early and unevenly.
+So the GPU machine builds, with transformers, from TOKENIZER_DIR (the default model's folder:
+its config.json, tokenizer and chat template):
 - OUT_DIR/smollm2-135m-random: SmolLM2-135M's config (30 layers, 576 wide, tied embeddings);
 - OUT_DIR/llama-1b-random: a Llama of 1.07B parameters (16 layers, 2048 wide, 32 query and
   8 key-value heads, MLP 8192, the same tokenizer) — the size of Llama-3.2-1B without its
   large vocabulary.
-Weights are transformers' own random initialisation (seeded), saved in bf16. Exactness,
-determinism and the vLLM-vs-transformers log-likelihood checks hold for any weights; a
-random model generates until max_tokens almost always, which suits throughput benchmarks.
+Weights are transformers' own random initialisation (seeded), saved in bf16.
 """
 
 from __future__ import annotations
