@@ -114,6 +114,7 @@ class PerturbationWorkerExtension:
             "num_parameters": sum(t.numel() for t in self._es_live),
             "packed_tensors": sum(layout is not None for layout in self._es_layouts),
             "table_len": table_len,
+            "table_seed": table_seed,
             "table_dtype": str(self._es_table.dtype),
             "update_table_dtype": str(self._es_update_table.dtype),
             "device": str(largest.device),
@@ -254,6 +255,12 @@ class PerturbationWorkerExtension:
             block = self._es_table[offsets[i] : offsets[i] + min(count, self._es_live[i].numel())]
             out[name] = [float(v) for v in block.float().tolist()]
         return out
+
+    def es_check_lora_slot(
+        self, slot: int, name: str
+    ) -> tuple[list[list[float]], list[list[float]]]:
+        """The factors member slot `slot` holds for target `name` (lora_slots.slot_factors)."""
+        return lora_slots.slot_factors(self, _model(self), slot, name)
 
     def es_check_values(self, name: str, count: int) -> dict[str, list[float]]:
         """The first `count` entries of a tensor: serving, snapshot and master, as floats."""
