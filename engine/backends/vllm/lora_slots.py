@@ -15,9 +15,11 @@ folders against 0.5 s into slots on this CPU, measured when the factors still ca
 CPU generator). The factors are blocks of the worker's noise table (engine/lowrank/factors.py),
 which lives on the device of the weights and the slots, so drawing, stacking and writing
 all run there: a few gathers, index_selects and one indexed write per layer slice, and no
-copy of factors from the host. The slot ids stay the same from step to step, so the engine
-resets its prefix cache after every write: cached blocks are keyed by adapter id, and the
-weights behind an id change.
+copy of factors from the host (on this CPU, writing 32 members of the default model, rank
+4, takes 0.11 s a step against 0.32-0.35 s with the CPU generator: bench/lora.py --modes
+lora --populations 32 --prompts 2 --max-tokens 16 --steps 2, its perturb s). The slot ids
+stay the same from step to step, so the engine resets its prefix cache after every write:
+cached blocks are keyed by adapter id, and the weights behind an id change.
 
 Saved adapters (PEFT folders, e.g. a trained one) are still served by path: every folder
 gets a fresh id the first time it is named, and nobody rewrites a folder, so a cached

@@ -13,8 +13,9 @@ forward pass reads; see cpu_weights for the CPU backend):
   update in bf16 loses a third of its entries, and all of it on norm weights near 1.0).
 - snapshot: the serving-dtype weights of the unperturbed model, = cast(master). Restore is
   a copy from it, so it is bit-exact however many members ran.
-- the noise table (engine.noise): eps(seed, tensor) is a slice of it; on the CPU also an
-  fp32 copy of the same values for the update.
+- the noise table (engine.noise): eps(seed, tensor) is a slice of it, and so are a low-rank
+  member's factors (lora_slots, engine/lowrank/factors.py); on the CPU also an fp32 copy of
+  the same values for the full-rank update.
 
 Perturb computes weights := snapshot + scale * eps from the snapshot, so each member
 overwrites the previous one and nothing accumulates; restoring between two members is not
