@@ -50,6 +50,7 @@ above 1, so each rank perturbs its own shard independently. Noise with tensor_pa
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -132,6 +133,16 @@ def build_noise_table(
         chunk = torch.randn(TABLE_CHUNK, generator=generator, dtype=torch.float32)
         table[start:stop].copy_(chunk[: stop - start])
     return table
+
+
+@functools.lru_cache(maxsize=1)
+def shared_noise_table(length: int, seed: int, dtype: str) -> torch.Tensor:
+    """build_noise_table on the CPU, once per process for the same (length, seed, dtype):
+    a copy of an engine's table (VLLMEngine.noise_table says which) in another process, so
+    it draws what the engine's workers draw; `dtype` as str(torch dtype), "torch.bfloat16"."""
+    import torch
+
+    return build_noise_table(length, seed=seed, dtype=getattr(torch, dtype.removeprefix("torch.")))
 
 
 def noise_offset(seed: int, key: str, numel: int, table_len: int, attempt: int = 0) -> int:

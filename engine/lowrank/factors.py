@@ -6,7 +6,7 @@ instead of perturbing every weight, member i perturbs each target linear weight 
 l) by a rank-r product,
 
     delta_i W = sign_i * sigma * m_l * E_i,   E_i = B_i A_i / sqrt(r),
-    A_i ~ N(0, 1) [r, in],  B_i ~ N(0, 1) [out, r]   (from the member seed),
+    A_i ~ N(0, 1) [r, in],  B_i ~ N(0, 1) [out, r]   (from the member seed, below),
 
 so the entries of E_i have unit variance, as eps does in full-rank ES, and m_l is the
 per-layer noise scale of the reference (mean |W| over the layer's targets, or 1). Such a
@@ -25,6 +25,18 @@ coefficients, never shipped as matrices) or folded into one trained adapter of r
 low-rank factors (`TrainedAdapter.add`). A and B are regenerated from the seed and never
 saved: the serving engine holds a step's factors in its LoRA slots, and (its worker) in
 memory for that step's update (engine/backends/vllm/lora_slots.SeedFactors).
+
+A and B come from the shared noise table of full-rank ES (engine/noise.py), not from a
+generator: member `seed`'s factors on a target are one contiguous block of r * (in + out)
+table entries at the offset hashed from (seed, "lora/" + target name), A its first r * in
+entries and B the rest, in fp32. The table is bit-identical on every device, so the worker
+draws the factors where its LoRA slots live (a gather on the GPU, no generator on the CPU
+and no copy to the device on a GPU step's path), and the trainer's process, which folds
+them into the trained adapter in `adapter` mode, draws the same ones from a copy of the
+table (engine.noise.shared_noise_table). The entries are the table's (bf16 by default)
+normals, so their variance is 1 up to that rounding; A and B of one target never overlap,
+and blocks of different seeds or targets overlap at a shift at most, as full-rank noise
+blocks do (engine/noise.py).
 """
 
 from __future__ import annotations
@@ -37,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.noise import derive_seed
+from engine.noise import noise_offsets
 
 if TYPE_CHECKING:
     import torch
@@ -144,104 +156,98 @@ def layer_scales(
     return {layer: sum(values) / len(values) for layer, values in means.items()}
 
 
-def member_factors(seed: int, target: LoraTarget, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(A [r, in], B [out, r]) of member `seed` on `target`: fp32 standard normals from a CPU
-    generator seeded by (seed, target name), so every process and device gets the same."""
-    import torch
-
-    generator = torch.Generator(device="cpu").manual_seed(derive_seed(seed, "lora", target.name))
-    a = torch.randn(rank, target.in_features, generator=generator, dtype=torch.float32)
-    b = torch.randn(target.out_features, rank, generator=generator, dtype=torch.float32)
-    return a, b
+LORA_KEY = "lora/"
+"""Noise-table key prefix of a target's factors ("lora/" + target name): the factors never
+share a key with a weight tensor's full-rank noise."""
 
 
-def unit_factors(
-    seed: int, target: LoraTarget, rank: int, layer_scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Factors (A, B') with B' A = m_l * B A / sqrt(r): member `seed`'s delta on `target` at
-    scale 1. The members of a seed (an antithetic pair) serve (A, scale * B')."""
-    a, b = member_factors(seed, target, rank)
-    return a, b * (layer_scale / math.sqrt(rank))
+def factor_size(target: LoraTarget, rank: int) -> int:
+    """Table entries of one member's factors on `target`: r * in for A, then out * r for B."""
+    return rank * (target.in_features + target.out_features)
 
 
-def perturbation(
-    seed: int, scale: float, target: LoraTarget, rank: int, layer_scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Factors (A, B') with B' A = scale * m_l * B A / sqrt(r): the member's delta on
-    `target` (scale = sign * sigma); the sign and all scalars go on B."""
-    a, b = unit_factors(seed, target, rank, layer_scale)
-    return a, b * scale
+def factor_offsets(
+    seed: int, targets: Sequence[LoraTarget], rank: int, table_len: int
+) -> list[int]:
+    """Where member `seed`'s factors on each target start in the table (noise_offsets: pairwise
+    distinct within the member, depending only on the seed and the set of targets)."""
+    keys = [(LORA_KEY + t.name, factor_size(t, rank)) for t in targets]
+    return noise_offsets(seed, keys, table_len)
 
 
 Factors = dict[str, tuple["torch.Tensor", "torch.Tensor"]]
-"""(A, B) by target name."""
+"""(A [S, r, in], B [S, out, r]) by target name, stacked over S seeds."""
 
 
-def seed_factors(
-    seed: int, targets: Sequence[LoraTarget], rank: int, scales: Mapping[int, float]
+def member_factors(
+    table: torch.Tensor, seeds: Sequence[int], targets: Sequence[LoraTarget], rank: int
 ) -> Factors:
-    """unit_factors of seed `seed` on every target."""
-    return {t.name: unit_factors(seed, t, rank, scales[t.layer]) for t in targets}
+    """Factors of every seed on every target, stacked in seed order, as fp32 on the table's
+    device: member `seed`'s block of factor_size entries at its offset, A its first r * in
+    entries viewed [r, in] and B the rest viewed [out, r]. The table is the same on every
+    device (engine.noise.build_noise_table), so are the factors; one gather a target."""
+    import torch
+
+    rows = [factor_offsets(int(s), targets, rank, table.numel()) for s in seeds]
+    offsets = torch.tensor(rows, dtype=torch.long).reshape(len(seeds), len(targets))
+    offsets = offsets.to(table.device)
+    drawn: Factors = {}
+    for j, t in enumerate(targets):
+        blocks = table.unfold(0, factor_size(t, rank), 1)[offsets[:, j]].float()  # [S, size]
+        split = rank * t.in_features
+        drawn[t.name] = (
+            blocks[:, :split].view(-1, rank, t.in_features),
+            blocks[:, split:].view(-1, t.out_features, rank),
+        )
+    return drawn
+
+
+def unit_factors(
+    table: torch.Tensor,
+    seeds: Sequence[int],
+    targets: Sequence[LoraTarget],
+    rank: int,
+    scales: Mapping[int, float],
+) -> Factors:
+    """member_factors with B' = B * m_l / sqrt(r), so B' A = m_l * B A / sqrt(r): each seed's
+    delta at scale 1. The members of a seed (an antithetic pair) serve (A, scale * B')."""
+    drawn = member_factors(table, seeds, targets, rank)
+    for t in targets:  # in place: B is a view of a block drawn for this call alone
+        drawn[t.name][1].mul_(scales[t.layer] / math.sqrt(rank))
+    return drawn
 
 
 def member_stack(
-    units: Sequence[tuple[torch.Tensor, torch.Tensor]],
-    scales: Sequence[float],
+    units: tuple[torch.Tensor, torch.Tensor],
+    picks: torch.Tensor,
+    scales: torch.Tensor,
     trained: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Members' factors on one target, stacked ([M, r, in], [M, out, r]): member m serves its
-    seed's unit factors (seed_factors) with B times its scale (sign * sigma); with `trained`
-    (adapter mode: the trained adapter's factors) those go in front, so each member serves
-    the trained delta plus its perturbation as one rank-2r adapter."""
+    """Members' factors on one target, stacked ([M, r, in], [M, out, r]): member m serves
+    the unit factors (unit_factors, stacked by seed) of seed `picks[m]` with B times
+    `scales[m]` (sign * sigma); with `trained` (adapter mode: the trained adapter's factors)
+    those go in front, so each member serves the trained delta plus its perturbation as one
+    rank-2r adapter. `picks` and `scales` are tensors on the factors' device."""
     import torch
 
-    a = torch.stack([u[0] for u in units])
-    b = torch.stack([u[1] for u in units])
-    b = b * torch.tensor(scales, dtype=torch.float32)[:, None, None]
+    a = units[0].index_select(0, picks)
+    b = units[1].index_select(0, picks) * scales[:, None, None]
     if trained is not None:
         a0, b0 = trained
-        a = torch.cat([a0.expand(len(units), -1, -1), a], dim=1)
-        b = torch.cat([b0.expand(len(units), -1, -1), b], dim=2)
+        a = torch.cat([a0.expand(len(picks), -1, -1), a], dim=1)
+        b = torch.cat([b0.expand(len(picks), -1, -1), b], dim=2)
     return a, b
 
 
-def low_rank_sum(
-    factors: Sequence[tuple[torch.Tensor, torch.Tensor]],
-    coefficients: Sequence[float],
-    device: str | torch.device = "cpu",
-) -> torch.Tensor:
-    """sum_i c_i B_i A_i as a dense fp32 [out, in] matrix, one matmul on `device` (on a GPU,
-    a 1B model's 32 members are ~256 GFLOP: seconds on the CPU)."""
-    import torch
-
-    if len(factors) != len(coefficients) or not factors:
-        raise ValueError(f"{len(factors)} factor pairs and {len(coefficients)} coefficients")
-    rank = factors[0][0].shape[0]
-    a = torch.cat([f[0] for f in factors]).to(device)  # [N*r, in]
-    weights = torch.tensor(coefficients, dtype=torch.float32).repeat_interleave(rank)  # [N*r]
-    b = (torch.cat([f[1] for f in factors], dim=1) * weights).to(device)  # [out, N*r]
-    return b @ a
-
-
-def dense_update(
-    seeds: Sequence[int],
-    coefficients: Sequence[float],
-    target: LoraTarget,
-    rank: int,
-    layer_scale: float,
-    device: str | torch.device = "cpu",
-) -> torch.Tensor:
-    """m_l / sqrt(r) * sum_i c_i B_i A_i as a dense fp32 [out, in] matrix on `device`; the
-    factors always come from the CPU generator."""
-    import torch
-
-    if len(seeds) != len(coefficients):
-        raise ValueError(f"{len(seeds)} seeds but {len(coefficients)} coefficients")
-    if not seeds:
-        return torch.zeros(target.out_features, target.in_features, device=device)
-    return low_rank_sum(
-        [unit_factors(int(s), target, rank, layer_scale) for s in seeds], coefficients, device
-    )
+def low_rank_sum(a: torch.Tensor, b: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
+    """sum_i c_i B_i A_i as a dense fp32 [out, in] matrix, one matmul on the factors' device
+    (a [N, r, in], b [N, out, r], coefficients [N] there too; on a GPU, a 1B model's 32
+    members are ~256 GFLOP: seconds on the CPU)."""
+    if not len(a) == len(b) == len(coefficients) or not len(a):
+        raise ValueError(f"{len(a)} factor pairs and {len(coefficients)} coefficients")
+    n, rank, in_features = a.shape
+    scaled = b * coefficients[:, None, None]  # [N, out, r]
+    return scaled.permute(1, 0, 2).reshape(-1, n * rank) @ a.reshape(n * rank, in_features)
 
 
 # ---------------------------------------------------------------------------- adapters on disk
@@ -323,21 +329,29 @@ class TrainedAdapter:
         }
 
     def add(
-        self, seeds: Sequence[int], coefficients: Sequence[float], scales: Mapping[int, float]
+        self,
+        table: torch.Tensor,
+        seeds: Sequence[int],
+        coefficients: Sequence[float],
+        scales: Mapping[int, float],
     ) -> None:
-        """delta := best rank-r approximation of (delta + dense_update(seeds, coefficients))."""
+        """delta := best rank-r approximation of (delta + m_l / sqrt(r) * sum_i c_i B_i A_i),
+        the factors drawn from `table` (a copy of the engines' noise table, so they are the
+        ones the engines served: unit_factors)."""
         import torch
 
         if not seeds:
             return
-        weights = torch.tensor(coefficients, dtype=torch.float32).repeat_interleave(self.rank)
+        units = unit_factors(table, seeds, self.targets, self.rank, scales)
+        weights = torch.tensor(coefficients, dtype=torch.float32)
         for t in self.targets:
             a0, b0 = self.factors[t.name]
-            pairs = [member_factors(int(s), t, self.rank) for s in seeds]
-            step = scales[t.layer] / math.sqrt(self.rank)
-            a = torch.cat([a0, *[p[0] for p in pairs]])  # [K, in]
-            b = torch.cat([b0, *[p[1] for p in pairs]], dim=1)  # [out, K]
-            b[:, self.rank :] *= weights * step
+            ua, ub = units[t.name]  # [N, r, in], [N, out, r]
+            a = torch.cat([a0, ua.reshape(-1, t.in_features)])  # [K, in]
+            b = torch.cat(
+                [b0, (ub * weights[:, None, None]).permute(1, 0, 2).reshape(t.out_features, -1)],
+                dim=1,
+            )  # [out, K]
             q_b, r_b = torch.linalg.qr(b)  # b = q_b r_b, q_b [out, K]
             q_a, r_a = torch.linalg.qr(a.T)  # a = r_a^T q_a^T, q_a [in, K]
             u, s, vh = torch.linalg.svd(r_b @ r_a.T)  # [K, K] core

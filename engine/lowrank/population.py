@@ -7,7 +7,10 @@ Members go to vLLM's adapter slots from their seeds, drawn by the engine's worke
 and no member is ever written to a file. Every prompt of every member goes into one
 `generate` call with one slot per prompt, which vLLM batches across adapters (multi-LoRA);
 with several engines the members are split over them. In adapter mode the trained adapter's
-factors go in front of every member's (rank 2r), read by the workers from one file a step.
+factors go in front of every member's (rank 2r), read by the workers from one file a step,
+and the update folds the members' factors into it here, drawn from this process's copy of
+the engines' noise table (built once, on the first update: about half a second for the
+default table of 2**26 entries on the CPU), so they are the factors the engines served.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from engine.lowrank.factors import (
     parse_modules,
     write_adapter,
 )
+from engine.noise import shared_noise_table
 from engine.scoring.batch import ScoredBatch
 from engine.tasks import GenerateAndScore
 
@@ -148,7 +152,9 @@ class LoraPopulation:
     def update(self, pool: EnginePool, seeds: Sequence[int], coefficients: Sequence[float]) -> None:
         """Merge into every engine's fp32 master, or fold into the trained adapter."""
         if self.trained is not None:
-            self.trained.add(seeds, coefficients, self.scales)
+            # the engines' table, held here too: the factors the workers served (noise.py)
+            table = shared_noise_table(*pool.call_engine(0, "noise_table"))
+            self.trained.add(table, seeds, coefficients, self.scales)
             return
         from engine.backends.vllm.lora_slots import lora_update_spec
 

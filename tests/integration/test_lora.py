@@ -19,7 +19,8 @@ from engine.backends.vllm.hf_export import source_tensor_specs
 from engine.backends.vllm.lora_slots import lora_update_spec
 from engine.config import RunConfig
 from engine.lowrank import factors as lora
-from engine.lowrank.population import ADAPTER_DIR, FACTORS_FILE
+from engine.lowrank.population import ADAPTER_DIR, FACTORS_FILE, LoraPopulation
+from engine.noise import shared_noise_table
 from engine.paths import data_dir, default_model_dir
 from engine.sink import MemorySink
 from engine.trainer import train
@@ -76,6 +77,11 @@ def lora_config(tmp_path: Path, **options) -> RunConfig:
     return RunConfig.from_flat({**base, **options})
 
 
+def engine_table(engine) -> torch.Tensor:
+    """This process's copy of the engine's noise table, as the trainer holds it."""
+    return shared_noise_table(*engine.noise_table())
+
+
 def untimed(metrics: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if not mk.depends_on_wall_clock(k)}
 
@@ -128,7 +134,9 @@ def test_merged_update_adds_the_dense_low_rank_update(
         prefix + "self_attn.o_proj.weight",
         prefix + "mlp.gate_up_proj.weight",
     }
-    expected = {t.module: lora.dense_update(seeds, coefficients, t, 2, 0.5) for t in targets}
+    units = lora.unit_factors(engine_table(vllm_lora_engine), seeds, targets, 2, scales)
+    weights = torch.tensor(coefficients)
+    expected = {t.module: lora.low_rank_sum(*units[t.name], weights) for t in targets}
     qkv = after[prefix + "self_attn.qkv_proj.weight"] - before[prefix + "self_attn.qkv_proj.weight"]
     q, k = 576, 192  # SmolLM2-135M: 9 query heads and 3 key/value heads of 64
     torch.testing.assert_close(qkv[q : q + k], expected["k_proj"], atol=1e-6, rtol=1e-4)
@@ -149,10 +157,13 @@ def test_member_slots_serve_exactly_the_members_adapter_folders(
     targets = lora.find_targets(
         source_tensor_specs(default_model_dir), lora.TARGET_MODULES, (0, 1, 2, 3)
     )
-    spec = lora_update_spec(targets, 4, dict.fromkeys(range(4), 1.0))
+    scales = dict.fromkeys(range(4), 1.0)
+    spec = lora_update_spec(targets, 4, scales)
+    table = engine_table(vllm_lora_engine)
 
     def folder(seed: int, scale: float) -> str:
-        factors = {t.name: lora.perturbation(seed, scale, t, 4, 1.0) for t in targets}
+        units = lora.unit_factors(table, [seed], targets, 4, scales)
+        factors = {name: (a[0], scale * b[0]) for name, (a, b) in units.items()}
         return str(
             lora.write_adapter(
                 tmp_path / f"{seed}-{scale}",
@@ -181,6 +192,32 @@ def test_member_slots_serve_exactly_the_members_adapter_folders(
     assert served[21] != served[22]
     assert served[21][:2] != served[21][2:]  # the antithetic partner is another model
     assert plain not in (served[21][:2], served[21][2:])
+
+
+def test_member_slots_hold_the_factors_the_trained_adapter_folds_in(
+    vllm_lora_engine, tmp_path, default_model_dir
+):
+    """Adapter mode draws a member's factors twice: the worker, into the member's slot, and
+    the trainer's process, into the trained adapter (from its copy of the engine's table).
+    A member at scale 1 over a zero trained adapter then serves what one update of
+    coefficient 1 folds in (up to the slots' bf16)."""
+    config = lora_config(tmp_path, lora_update="adapter", lora_target_layers="1")
+    population = LoraPopulation(config, default_model_dir)
+    try:
+        vllm_lora_engine.set_lora_members([(0, 11, 1.0), (1, 12, 1.0)], population._member_spec(0))
+        population.update(EnginePool.wrap(vllm_lora_engine), [11], [1.0])
+    finally:
+        population.close()
+    assert population.trained is not None and len(population.targets) == 7
+    for t in population.targets:
+        trained = population.trained.delta(t.name)
+        served = {}
+        for slot in (0, 1):
+            a, b = vllm_lora_engine.check("es_check_lora_slot", slot, t.name)[0]
+            served[slot] = torch.tensor(b)[: t.out_features] @ torch.tensor(a)[:, : t.in_features]
+        tolerance = 1e-2 * float(trained.abs().max())
+        torch.testing.assert_close(served[0], trained, rtol=1e-2, atol=tolerance)
+        assert (served[1] - trained).abs().max() > 10 * tolerance  # another seed's draw
 
 
 LEARNING_NOISE_STD = 0.02

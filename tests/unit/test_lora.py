@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from engine import noise
 from engine.lowrank import factors as lora
 from engine.lowrank.factors import LoraTarget
 
@@ -23,6 +24,23 @@ SPECS = {
 }
 Q0 = LoraTarget("model.layers.0.self_attn.q_proj", 0, "q_proj", 8, 8)
 DOWN1 = LoraTarget("model.layers.1.mlp.down_proj", 1, "down_proj", 12, 8)
+TABLE = noise.build_noise_table(1 << 16)
+"""A small noise table (bf16, as the engines' default): the factors are blocks of it."""
+
+
+def unit(seed: int, target: LoraTarget, rank: int, scale: float) -> tuple[torch.Tensor, ...]:
+    """One seed's unit factors (A [r, in], B' [out, r]) on one target, layer scale `scale`."""
+    a, b = lora.unit_factors(TABLE, [seed], [target], rank, {target.layer: scale})[target.name]
+    return a[0], b[0]
+
+
+def dense(seeds, coefficients, target: LoraTarget, rank: int, scale: float) -> torch.Tensor:
+    """The merged update m_l / sqrt(r) * sum_i c_i B_i A_i, member by member."""
+    expected = torch.zeros(target.out_features, target.in_features)
+    for seed, c in zip(seeds, coefficients, strict=True):
+        a, b = unit(seed, target, rank, scale)
+        expected += c * (b @ a)
+    return expected
 
 
 def test_parse_modules_and_layers():
@@ -52,23 +70,36 @@ def test_find_targets_selects_modules_and_layers_sorted():
         lora.find_targets(SPECS, ("q_proj",), (0, 7))
 
 
-def test_factors_are_seeded_per_member_and_target():
-    a, b = lora.member_factors(5, Q0, 2)
-    assert a.shape == (2, 8) and b.shape == (8, 2) and a.dtype == torch.float32
-    again = lora.member_factors(5, Q0, 2)
-    assert torch.equal(a, again[0]) and torch.equal(b, again[1])
-    assert not torch.equal(a, lora.member_factors(6, Q0, 2)[0])
-    other = LoraTarget("model.layers.1.self_attn.q_proj", 1, "q_proj", 8, 8)
-    assert not torch.equal(a, lora.member_factors(5, other, 2)[0])
+def test_factors_are_table_blocks_seeded_per_member_and_target():
+    drawn = lora.member_factors(TABLE, [5, 6], [Q0, DOWN1], 2)
+    a, b = drawn[Q0.name]
+    assert a.shape == (2, 2, 8) and b.shape == (2, 8, 2) and a.dtype == torch.float32
+    again = lora.member_factors(TABLE, [6], [DOWN1, Q0], 2)  # stacked in seed order
+    assert torch.equal(a[1], again[Q0.name][0][0]) and torch.equal(b[1], again[Q0.name][1][0])
+    assert not torch.equal(a[0], a[1]) and not torch.equal(b[0], b[1])  # another seed
+    assert not torch.equal(a[0, :, :8], drawn[DOWN1.name][0][0, :, :8])  # another target
+    # one contiguous block of r * (in + out) entries at the member's offset: A, then B
+    offsets = lora.factor_offsets(5, [Q0, DOWN1], 2, TABLE.numel())
+    assert offsets[0] != offsets[1]
+    block = TABLE[offsets[0] : offsets[0] + lora.factor_size(Q0, 2)].float()
+    assert torch.equal(torch.cat([a[0].flatten(), b[0].flatten()]), block)
+    assert lora.factor_size(Q0, 2) == 2 * 8 + 8 * 2  # A and B side by side, never overlapping
+
+
+def test_factors_have_unit_variance():
+    wide = LoraTarget("model.layers.0.mlp.up_proj", 0, "up_proj", 256, 256)
+    a, b = lora.member_factors(TABLE, range(32), [wide], 4)[wide.name]
+    values = torch.cat([a.flatten(), b.flatten()])
+    assert abs(float(values.mean())) < 0.02 and abs(float(values.var()) - 1.0) < 0.05
 
 
 def test_antithetic_members_differ_only_in_sign_and_scale_by_layer():
-    a_plus, b_plus = lora.perturbation(5, +0.1, Q0, 2, layer_scale=0.5)
-    a_minus, b_minus = lora.perturbation(5, -0.1, Q0, 2, layer_scale=0.5)
-    assert torch.equal(a_plus, a_minus) and torch.equal(b_plus, -b_minus)
-    a, b = lora.member_factors(5, Q0, 2)
-    expected = 0.1 * 0.5 / math.sqrt(2) * (b @ a)
-    torch.testing.assert_close(b_plus @ a_plus, expected)
+    units = lora.unit_factors(TABLE, [5], [Q0], 2, {0: 0.5})[Q0.name]
+    a, b = lora.member_stack(units, torch.tensor([0, 0]), torch.tensor([0.1, -0.1]))
+    assert torch.equal(a[0], a[1]) and torch.equal(b[0], -b[1])
+    raw_a, raw_b = lora.member_factors(TABLE, [5], [Q0], 2)[Q0.name]
+    expected = 0.1 * 0.5 / math.sqrt(2) * (raw_b[0] @ raw_a[0])
+    torch.testing.assert_close(b[0] @ a[0], expected)
 
 
 def test_layer_scales_are_mean_abs_of_the_layer_targets():
@@ -81,26 +112,24 @@ def test_layer_scales_are_mean_abs_of_the_layer_targets():
     assert lora.layer_scales(weights, targets, "none") == {0: 1.0}
 
 
-def test_dense_update_is_the_weighted_sum_of_low_rank_products():
+def test_low_rank_sum_is_the_weighted_sum_of_low_rank_products():
     seeds, coefficients = [3, 4], [0.5, -2.0]
-    expected = torch.zeros(8, 12)
-    for seed, c in zip(seeds, coefficients, strict=True):
-        a, b = lora.member_factors(seed, DOWN1, 3)
-        expected += c * 0.25 / math.sqrt(3) * (b @ a)
-    got = lora.dense_update(seeds, coefficients, DOWN1, 3, layer_scale=0.25)
-    torch.testing.assert_close(got, expected)
-    assert torch.count_nonzero(lora.dense_update([], [], DOWN1, 3, 1.0)) == 0
+    a, b = lora.unit_factors(TABLE, seeds, [DOWN1], 3, {1: 0.25})[DOWN1.name]
+    got = lora.low_rank_sum(a, b, torch.tensor(coefficients))
+    torch.testing.assert_close(got, dense(seeds, coefficients, DOWN1, 3, 0.25))
+    raw_a, raw_b = lora.member_factors(TABLE, [3], [DOWN1], 3)[DOWN1.name]
+    torch.testing.assert_close(b[0] @ a[0], 0.25 / math.sqrt(3) * raw_b[0] @ raw_a[0])
+    with pytest.raises(ValueError, match="2 factor pairs and 1 coefficients"):
+        lora.low_rank_sum(a, b, torch.tensor([1.0]))
 
 
 def test_trained_adapter_keeps_the_best_rank_r_approximation():
     adapter = lora.TrainedAdapter([DOWN1], rank=2)
     scales = {1: 1.0}
-    adapter.add([3], [0.7], scales)  # one rank-2 term: kept exactly
-    torch.testing.assert_close(
-        adapter.delta(DOWN1.name), lora.dense_update([3], [0.7], DOWN1, 2, 1.0)
-    )
-    adapter.add([4, 5], [0.3, -0.2], scales)  # rank 6 in total: truncated to 2
-    full = lora.dense_update([3, 4, 5], [0.7, 0.3, -0.2], DOWN1, 2, 1.0)
+    adapter.add(TABLE, [3], [0.7], scales)  # one rank-2 term: kept exactly
+    torch.testing.assert_close(adapter.delta(DOWN1.name), dense([3], [0.7], DOWN1, 2, 1.0))
+    adapter.add(TABLE, [4, 5], [0.3, -0.2], scales)  # rank 6 in total: truncated to 2
+    full = dense([3, 4, 5], [0.7, 0.3, -0.2], DOWN1, 2, 1.0)
     u, s, vh = torch.linalg.svd(full)
     best = (u[:, :2] * s[:2]) @ vh[:2]
     torch.testing.assert_close(adapter.delta(DOWN1.name), best, atol=1e-5, rtol=1e-4)
@@ -111,19 +140,20 @@ def test_trained_adapter_keeps_the_best_rank_r_approximation():
 
 def test_members_stack_their_seeds_factors_scaled_behind_the_trained_adapter():
     adapter = lora.TrainedAdapter([DOWN1], rank=2)
-    adapter.add([3], [0.7], {1: 1.0})
-    units = [lora.seed_factors(seed, [DOWN1], 2, {1: 0.5})[DOWN1.name] for seed in (9, 9, 4)]
-    a, b = lora.member_stack(units, [-0.1, 0.1, 0.3], adapter.factors[DOWN1.name])
+    adapter.add(TABLE, [3], [0.7], {1: 1.0})
+    units = lora.unit_factors(TABLE, [9, 4], [DOWN1], 2, {1: 0.5})[DOWN1.name]
+    picks, scales = torch.tensor([0, 0, 1]), torch.tensor([-0.1, 0.1, 0.3])
+    a, b = lora.member_stack(units, picks, scales, adapter.factors[DOWN1.name])
     assert a.shape == (3, 4, 12) and b.shape == (3, 8, 4)
     for m, (seed, scale) in enumerate([(9, -0.1), (9, 0.1), (4, 0.3)]):
-        pa, pb = lora.perturbation(seed, scale, DOWN1, 2, 0.5)
-        torch.testing.assert_close(b[m] @ a[m], adapter.delta(DOWN1.name) + pb @ pa)
-    plain_a, plain_b = lora.member_stack(units, [-0.1, 0.1, 0.3])
+        pa, pb = unit(seed, DOWN1, 2, 0.5)
+        torch.testing.assert_close(b[m] @ a[m], adapter.delta(DOWN1.name) + scale * pb @ pa)
+    plain_a, plain_b = lora.member_stack(units, picks, scales)
     assert torch.equal(plain_b[0], -plain_b[1]) and torch.equal(plain_a[0], plain_a[1])
 
 
 def test_written_adapter_is_peft_format_and_folds_alpha_into_b(tmp_path):
-    a, b = lora.perturbation(5, 0.1, Q0, 2, 1.0)
+    a, b = unit(5, Q0, 2, 1.0)
     folder = lora.write_adapter(
         tmp_path / "ad", {Q0.name: (a, b)}, rank=2, alpha=8.0, base_model="m"
     )
@@ -157,17 +187,20 @@ def test_a_model_folder_without_weights_is_a_clear_error(tmp_path):
 
 
 def test_worker_draws_each_seed_once_and_keeps_them_for_the_update():
-    """lora_engine.SeedFactors: a pair's seed is drawn once, and the update finds the step's
-    factors only for its seeds and under the same spec."""
+    """lora_slots.SeedFactors: a pair's seed is drawn once, and the update finds the step's
+    factors, in its seeds' order, only for its seeds and under the same spec."""
     from engine.backends.vllm.lora_slots import SeedFactors, lora_update_spec
 
     spec = lora_update_spec([DOWN1], 2, {1: 0.5})
     other = lora_update_spec([DOWN1], 2, {1: 0.25})
     cache = SeedFactors()
-    current = cache.take([3, 3, 4], spec)
-    assert list(current) == [3, 4]
-    expected = lora.seed_factors(3, [DOWN1], 2, {1: 0.5})[DOWN1.name]
-    assert all(torch.equal(x, y) for x, y in zip(current[3][DOWN1.name], expected, strict=True))
-    assert cache.for_update([4, 3], spec) is current
+    current = cache.take(TABLE, [3, 3, 4], spec)
+    assert cache.index == {3: 0, 4: 1} and current[DOWN1.name][0].shape == (2, 2, 12)
+    expected = lora.unit_factors(TABLE, [3, 4], [DOWN1], 2, {1: 0.5})[DOWN1.name]
+    assert all(torch.equal(x, y) for x, y in zip(current[DOWN1.name], expected, strict=True))
+    update = cache.for_update([4, 3], spec)
+    assert update is not None
+    assert all(torch.equal(x, y.flip(0)) for x, y in zip(update[DOWN1.name], expected, strict=True))
     assert cache.for_update([5], spec) is None and cache.for_update([3], other) is None
-    assert list(cache.take([6], other)) == [6] and cache.for_update([3], spec) is None
+    assert list(cache.take(TABLE, [6], other)[DOWN1.name][0].shape) == [1, 2, 12]
+    assert cache.for_update([3], spec) is None

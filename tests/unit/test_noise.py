@@ -31,6 +31,14 @@ def test_bf16_table_is_the_fp32_table_rounded():
     assert torch.equal(bf16, fp32.to(torch.bfloat16))
 
 
+def test_shared_table_is_the_engines_table_built_once_a_process():
+    """What a trainer holds from an engine's (length, seed, dtype): the same table, cached."""
+    shared = noise.shared_noise_table(50_000, 3, "torch.bfloat16")
+    assert torch.equal(shared, noise.build_noise_table(50_000, seed=3, dtype=torch.bfloat16))
+    assert noise.shared_noise_table(50_000, 3, "torch.bfloat16") is shared
+    assert noise.shared_noise_table(50_000, 3, "torch.float32").dtype == torch.float32
+
+
 def test_table_is_standard_normal():
     table = noise.build_noise_table(1_000_000, dtype=torch.float32)
     assert abs(table.mean().item()) < 0.01

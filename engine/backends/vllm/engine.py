@@ -287,6 +287,11 @@ class VLLMEngine:
                 )
         self.llm.reset_prefix_cache()  # cached blocks are keyed by adapter id, not weights
 
+    def noise_table(self) -> tuple[int, int, str]:
+        """(length, seed, dtype) of the workers' noise table (es_init's summary): what
+        engine.noise.shared_noise_table needs to hold the same table in another process."""
+        return int(self.info["table_len"]), int(self.info["table_seed"]), self.info["table_dtype"]
+
     def checksum(self) -> str:
         """The workers' digests, combined (one worker: its digest)."""
         digests = self._rpc("es_checksum")

@@ -10,11 +10,16 @@ request per member slot once (`MEMBER_ID_BASE + slot`, pointing at a tiny zero p
 adapter, loaded by a warm-up call), and every step the worker writes each member's factors,
 drawn from its seed, straight into the slot's buffers (`write_member_slots`); a seed is drawn
 once for its antithetic pair and kept for the step's update (`SeedFactors`). So a step
-writes no files and vLLM loads nothing (32 members of the default model, measured: 1.05 s
-as PEFT folders against 0.5 s into slots on this CPU, drawing every member, and 0.15-0.25 s
-drawing each pair once; on a GPU 1.10 s (H200) against 0.50 s (H100)). The slot ids stay
-the same from step to step, so the engine resets its prefix cache after every write: cached
-blocks are keyed by adapter id, and the weights behind an id change.
+writes no files and vLLM loads nothing (32 members of the default model: 1.05 s as PEFT
+folders against 0.5 s into slots on this CPU, measured when the factors still came from a
+CPU generator). The factors are blocks of the worker's noise table (engine/lowrank/factors.py),
+which lives on the device of the weights and the slots, so drawing, stacking and writing
+all run there: a few gathers, index_selects and one indexed write per layer slice, and no
+copy of factors from the host (on this CPU, writing 32 members of the default model, rank
+4, takes 0.11 s a step against 0.32-0.35 s with the CPU generator: bench/lora.py --modes
+lora --populations 32 --prompts 2 --max-tokens 16 --steps 2, its perturb s). The slot ids
+stay the same from step to step, so the engine resets its prefix cache after every write:
+cached blocks are keyed by adapter id, and the weights behind an id change.
 
 Saved adapters (PEFT folders, e.g. a trained one) are still served by path: every folder
 gets a fresh id the first time it is named, and nobody rewrites a folder, so a cached
@@ -29,7 +34,6 @@ weight packed, see cpu_weights), then cast to the serving weights.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import os
@@ -43,10 +47,9 @@ from engine.backends.vllm.cpu import weights as cpu_weights
 from engine.lowrank.factors import (
     Factors,
     LoraTarget,
-    dense_update,
     low_rank_sum,
     member_stack,
-    seed_factors,
+    unit_factors,
 )
 
 if TYPE_CHECKING:
@@ -159,45 +162,43 @@ def write_placeholder(folder: str | Path, spec: Mapping[str, Any], base_model: s
 
 
 class SeedFactors:
-    """A worker's seed_factors of the members it serves, by seed: drawn once per seed (an
-    antithetic pair shares them) and kept for the step's merged update, which then draws
-    nothing (for the default model 4.9 MB a seed in fp32; the next step's replace them).
-
-    Drawing the next step's seeds on a background thread while this step generates was
-    tried and dropped: its many small torch calls contend for the GIL with vLLM's Python,
-    and generation slowed by more than the drawing took (5.49 against 5.13 s median of ten
-    generate calls of 32 members on this CPU, measured)."""
+    """A worker's unit_factors of the members it serves, stacked by seed: drawn once per seed
+    (an antithetic pair shares them) from the worker's noise table, on its device, and kept
+    for the step's merged update, which then draws nothing (for the default model 4.9 MB a
+    seed in fp32; the next step's replace them)."""
 
     def __init__(self) -> None:
         self.key = ""
-        self.current: dict[int, Factors] = {}
+        self.index: dict[int, int] = {}  # seed -> its row in the stacks
+        self.units: Factors = {}
 
-    def take(self, seeds: Sequence[int], spec: Mapping[str, Any]) -> dict[int, Factors]:
-        """The factors of `seeds`, drawn now on a thread per core (drawing releases the GIL),
+    def take(self, table: torch.Tensor, seeds: Sequence[int], spec: Mapping[str, Any]) -> Factors:
+        """The factors of `seeds` (each once, in first-seen order), drawn now from `table`,
         which become the current ones."""
         rank, scales, targets = _parse_spec(spec)
         wanted = list(dict.fromkeys(int(s) for s in seeds))
-        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-            drawn = list(
-                pool.map(
-                    functools.partial(seed_factors, targets=targets, rank=rank, scales=scales),
-                    wanted,
-                )
-            )
-        self.key, self.current = _draw_key(spec), dict(zip(wanted, drawn, strict=True))
-        return self.current
+        self.key, self.index = _draw_key(spec), {s: i for i, s in enumerate(wanted)}
+        self.units = unit_factors(table, wanted, targets, rank, scales)
+        return self.units
 
-    def for_update(
-        self, seeds: Sequence[int], spec: Mapping[str, Any]
-    ) -> dict[int, Factors] | None:
-        """The current factors if they hold every seed of an update under `spec`, else None."""
-        if self.key == _draw_key(spec) and all(int(s) in self.current for s in seeds):
-            return self.current
-        return None
+    def for_update(self, seeds: Sequence[int], spec: Mapping[str, Any]) -> Factors | None:
+        """The current factors of `seeds`, stacked in their order, if they hold every seed of
+        an update under `spec`, else None."""
+        import torch
+
+        if self.key != _draw_key(spec) or not all(int(s) in self.index for s in seeds):
+            return None
+        device = next(iter(self.units.values()))[0].device
+        rows = torch.tensor([self.index[int(s)] for s in seeds], device=device)
+        return {
+            n: (a.index_select(0, rows), b.index_select(0, rows))
+            for n, (a, b) in self.units.items()
+        }
 
 
 def _draw_key(spec: Mapping[str, Any]) -> str:
-    """What seed_factors depend on besides the seed (not the trained adapter)."""
+    """What unit_factors depend on besides the seed and the worker's table (not the trained
+    adapter)."""
     return json.dumps([spec["rank"], spec["targets"], spec["scales"]], sort_keys=True)
 
 
@@ -212,12 +213,14 @@ def write_member_slots(
     worker: Any, model: torch.nn.Module, spec: Mapping[str, Any], members: Sequence[Sequence[Any]]
 ) -> list[int]:
     """Write members (slot, seed, scale) into their adapter slots, in the worker: each
-    member's factors (engine.lowrank.factors.member_stack: its seed's, scaled, plus the trained
-    adapter's in front of them when `spec["trained"]` names its file) go to the LoRA layers
-    in set_lora's layout, the rank zero-padded, in one indexed write per slice
-    (_write_slices); tensor-parallel layers go through `set_lora` itself, which shards them
-    as it does for vLLM's own loads. Returns the slots whose request is not registered and
-    active here (nothing is written then: the engine registers them and calls again)."""
+    member's factors (engine.lowrank.factors.member_stack: its seed's, drawn from the
+    worker's noise table, scaled, plus the trained adapter's in front of them when
+    `spec["trained"]` names its file) go to the LoRA layers in set_lora's layout, the rank
+    zero-padded, in one indexed write per slice (_write_slices), all on the table's device
+    (the weights', where the slots live); tensor-parallel layers go through `set_lora`
+    itself, which shards them as it does for vLLM's own loads. Returns the slots whose
+    request is not registered and active here (nothing is written then: the engine
+    registers them and calls again)."""
     import torch
 
     manager = worker.model_runner.lora_manager._adapter_manager
@@ -228,7 +231,8 @@ def write_member_slots(
     _sort_member_slots(active)
     manager.lora_index_to_id[:] = active
     _, _, targets = _parse_spec(spec)
-    trained = _trained_factors(spec.get("trained"))
+    table = worker._es_table
+    trained = _trained_factors(spec.get("trained"), table.device)
     layers = _slot_layers(model, manager.modules, [t.name for t in targets])
     untouched = [
         m
@@ -236,23 +240,21 @@ def write_member_slots(
         if hasattr(m, "reset_lora") and all(m is not layer for layer, _ in layers)
     ]
     cache = seed_cache(worker)
-    units = cache.take([m[1] for m in members], spec)
-    member_units = [units[int(seed)] for _, seed, _ in members]
-    member_scales = [float(scale) for _, _, scale in members]
     slots = [active.index(member_id(m[0])) for m in members]
     with torch.inference_mode():
+        units = cache.take(table, [m[1] for m in members], spec)
+        picks = torch.tensor([cache.index[int(m[1])] for m in members], device=table.device)
+        scales = torch.tensor([float(m[2]) for m in members], device=table.device)
         for module in untouched:  # a slot may hold an earlier run's other targets
             for index in slots:
                 module.reset_lora(index)
         for layer, parts in layers:
             stacks = {
                 name: member_stack(
-                    [u[name] for u in member_units],
-                    member_scales,
-                    None if trained is None else trained[name],
+                    units[name], picks, scales, None if trained is None else trained[name]
                 )
                 for name in parts
-                if name in member_units[0]
+                if name in units
             }
             if getattr(layer, "tp_size", 1) == 1:
                 _write_slices(layer, parts, stacks, slots)
@@ -263,6 +265,19 @@ def write_member_slots(
                 layer.set_lora(index, *((a[0], b[0]) if len(parts) == 1 else (a, b)))
     cpu_lora.weights_changed()
     return []
+
+
+def slot_factors(
+    worker: Any, model: torch.nn.Module, slot: int, name: str
+) -> tuple[list[list[float]], list[list[float]]]:
+    """(A [rank, in], B [out, rank]) that member slot `slot` holds for target `name`, padded
+    to the slots' rank, as floats (a check: what write_member_slots wrote)."""
+    manager = worker.model_runner.lora_manager._adapter_manager
+    index = list(manager.lora_index_to_id).index(member_id(slot))
+    [(layer, parts)] = _slot_layers(model, manager.modules, [name])
+    s = parts.index(name)
+    a, b = layer.lora_a_stacked[s][index, 0], layer.lora_b_stacked[s][index, 0]
+    return a.float().tolist(), b.float().tolist()
 
 
 def _write_slices(
@@ -331,14 +346,16 @@ def _parse_spec(spec: Mapping[str, Any]) -> tuple[int, dict[int, float], list[Lo
     return int(spec["rank"]), {int(k): v for k, v in spec["scales"].items()}, targets
 
 
-def _trained_factors(path: str | None) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
+def _trained_factors(
+    path: str | None, device: torch.device
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
     """The trained adapter's effective factors (`TrainedAdapter.state` of
-    engine.lowrank.factors), or None."""
+    engine.lowrank.factors) on `device`, or None."""
     if not path:
         return None
     from safetensors.torch import load_file
 
-    tensors = load_file(path)
+    tensors = load_file(path, device=str(device))
     names = {key.rpartition(".")[0] for key in tensors}
     return {n: (tensors[f"{n}.A"], tensors[f"{n}.B"]) for n in names}
 
@@ -362,8 +379,9 @@ def apply_lora_update(
     coefficients: Sequence[float],
 ) -> None:
     """master += dense low-rank update, then serving := cast(master) (inside the worker).
-    Each parameter (a fused one holds several targets) is its own job on a thread per core:
-    drawing the factors and the matmuls release the GIL."""
+    The factors are the ones the worker drew for the step's members (SeedFactors), else
+    drawn again from its noise table; each parameter (a fused one holds several targets) is
+    then its own job on a thread per core (the matmuls release the GIL)."""
     import torch
 
     if worker._es_tp_size != 1:
@@ -371,7 +389,12 @@ def apply_lora_update(
     rank, scales, targets = _parse_spec(spec)
     if not seeds:
         return
-    drawn = seed_cache(worker).for_update(seeds, spec)
+    table = worker._es_table
+    with torch.inference_mode():
+        drawn = seed_cache(worker).for_update(seeds, spec) or unit_factors(
+            table, seeds, targets, rank, scales
+        )
+    weights = torch.tensor(coefficients, dtype=torch.float32, device=table.device)
     index = {name: i for i, name in enumerate(worker._es_names)}
     jobs: dict[int, list[tuple[LoraTarget, int]]] = {}  # parameter index -> (target, row)
     for target in targets:
@@ -382,15 +405,7 @@ def apply_lora_update(
         master = worker._es_master[i]
         with torch.inference_mode():
             for target, start in jobs[i]:
-                delta = (
-                    dense_update(
-                        seeds, coefficients, target, rank, scales[target.layer], master.device
-                    )
-                    if drawn is None
-                    else low_rank_sum(
-                        [drawn[int(s)][target.name] for s in seeds], coefficients, master.device
-                    )
-                )
+                delta = low_rank_sum(*drawn[target.name], weights)
                 cpu_weights.add_rows_(master, start, delta, worker._es_layouts[i])
             worker._es_live[i].copy_(master)
             worker._es_snapshot[i].copy_(worker._es_live[i])

@@ -13,8 +13,9 @@ forward pass reads; see cpu_weights for the CPU backend):
   update in bf16 loses a third of its entries, and all of it on norm weights near 1.0).
 - snapshot: the serving-dtype weights of the unperturbed model, = cast(master). Restore is
   a copy from it, so it is bit-exact however many members ran.
-- the noise table (engine.noise): eps(seed, tensor) is a slice of it; on the CPU also an
-  fp32 copy of the same values for the update.
+- the noise table (engine.noise): eps(seed, tensor) is a slice of it, and so are a low-rank
+  member's factors (lora_slots, engine/lowrank/factors.py); on the CPU also an fp32 copy of
+  the same values for the full-rank update.
 
 Perturb computes weights := snapshot + scale * eps from the snapshot, so each member
 overwrites the previous one and nothing accumulates; restoring between two members is not
@@ -114,6 +115,7 @@ class PerturbationWorkerExtension:
             "num_parameters": sum(t.numel() for t in self._es_live),
             "packed_tensors": sum(layout is not None for layout in self._es_layouts),
             "table_len": table_len,
+            "table_seed": table_seed,
             "table_dtype": str(self._es_table.dtype),
             "update_table_dtype": str(self._es_update_table.dtype),
             "device": str(largest.device),
@@ -255,6 +257,12 @@ class PerturbationWorkerExtension:
             block = self._es_table[offsets[i] : offsets[i] + min(count, self._es_live[i].numel())]
             out[name] = [float(v) for v in block.float().tolist()]
         return out
+
+    def es_check_lora_slot(
+        self, slot: int, name: str
+    ) -> tuple[list[list[float]], list[list[float]]]:
+        """The factors member slot `slot` holds for target `name` (lora_slots.slot_factors)."""
+        return lora_slots.slot_factors(self, _model(self), slot, name)
 
     def es_check_values(self, name: str, count: int) -> dict[str, list[float]]:
         """The first `count` entries of a tensor: serving, snapshot and master, as floats."""
