@@ -245,6 +245,10 @@ def dashboard_command(host: str, port: int) -> list[str]:
         "true",
         "--browser.gatherUsageStats",
         "false",
+        # Streamlit takes a copy outside site-packages (pip install --target) for its own
+        # development checkout, where --server.port is refused
+        "--global.developmentMode",
+        "false",
         # the toolbar without Streamlit's developer items ("Deploy", "Rerun", settings)
         "--client.toolbarMode",
         "viewer",

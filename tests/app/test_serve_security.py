@@ -19,6 +19,7 @@ from app import auth
 from app.cli import main
 from engine.hosts import is_loopback
 from jobs.service import dashboard_command
+from tests.app.browser import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 # Nothing listens on port 1: reaching the database step fails at once, with its own message.
@@ -133,3 +134,34 @@ def test_streamlit_refuses_uploads_over_the_cap_itself(monkeypatch):
     monkeypatch.setenv("ESLAB_MAX_UPLOAD_MB", "7")
     command = dashboard_command("127.0.0.1", 8501)
     assert command[command.index("--server.maxUploadSize") + 1] == "7"
+
+
+def test_the_dashboard_starts_from_a_streamlit_outside_site_packages(tmp_path):
+    """Streamlit takes a copy outside site-packages (`pip install --target DIR`, as on the
+    GPU machine) for its own development checkout and then refuses --server.port; the
+    dashboard's command must start there all the same."""
+    import streamlit
+
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "streamlit").symlink_to(Path(streamlit.__file__).parent)
+    app = tmp_path / "app.py"
+    app.write_text("import streamlit as st\nst.write('up')\n")
+    port = free_port()
+    command = dashboard_command("127.0.0.1", port)
+    command[command.index("run") + 1] = str(app)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    log = tmp_path / "streamlit.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and process.poll() is None:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        assert process.poll() is None, log.read_text()
+        assert "developmentMode" not in log.read_text()
+    finally:
+        process.terminate()
+        process.wait(30)
