@@ -135,11 +135,15 @@ class VLLMEngine:
         self.model = str(model)
         # vLLM runs gc.collect() several times while it starts; with the objects that exist
         # already frozen those passes skip them (1.2 s of a 4.5 s start measured on the CPU).
+        # Once started, vLLM freezes the whole heap itself (EngineCore's freeze_gc_heap, on
+        # both builds: its static objects stay out of later collections), so only a failed
+        # start gives the objects back to the collector.
         gc.freeze()
         try:
             self.llm = LLM(**kwargs)
-        finally:
+        except BaseException:
             gc.unfreeze()
+            raise
         self.tokenizer = self.llm.get_tokenizer()
         self.info: dict[str, Any] = self._rpc(
             "es_init", self.model, noise_table_seed, min_noise_table_len
