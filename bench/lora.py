@@ -43,12 +43,12 @@ from engine.backends.pool import EnginePool
 from engine.backends.vllm.engine import VLLMEngine
 from engine.config import RunConfig
 from engine.lowrank.population import engine_args
-from engine.paths import data_dir, default_model_dir
+from engine.paths import data_dir, default_model_dir, resolve_path
 from engine.sink import MemorySink
 from engine.trainer import train
 from engine.trainer.reporting import completion_tokens
 
-TRAIN_FILE = data_dir() / "conciseness" / "train.parquet"
+TRAIN_FILE = resolve_path("data/conciseness/train.parquet")
 INPUT_MASTER = "/tmp/eslab-bench-lora/input-master"
 """Every run starts from the input model's fp32 master, saved here when an engine starts."""
 

@@ -37,7 +37,7 @@ from engine.config import RunConfig
 from engine.data.datasets import load_dataset
 from engine.lowrank.factors import LORA_KERNELS
 from engine.lowrank.population import engine_args
-from engine.paths import data_dir
+from engine.paths import data_dir, resolve_path
 from engine.sink import MemorySink
 from engine.trainer import train
 from engine.trainer.reporting import completion_tokens
@@ -45,14 +45,14 @@ from engine.trainer.reporting import completion_tokens
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from table import BATCH, PHASES, TOKENS, render
 
-TRAIN_FILE = data_dir() / "conciseness" / "train.parquet"
+TRAIN_FILE = resolve_path("data/conciseness/train.parquet")
 
 
 def batched_tokens_per_s(pool: EnginePool, max_tokens: int) -> float:
     """Tokens/s of one generate call of BATCH prompts (after one untimed warm-up call)."""
     prompts = [e.prompt for e in load_dataset(TRAIN_FILE)]
     batch = [prompts[i % len(prompts)] for i in range(BATCH)]
-    pool.generate(batch[:16], max_tokens=8)
+    pool.generate(batch, max_tokens=8)  # warm-up at the full batch: kernels built for its sizes
     start = time.perf_counter()
     out = pool.generate(batch, temperature=0.0, max_tokens=max_tokens)
     seconds = time.perf_counter() - start

@@ -21,13 +21,13 @@ from engine.config import RunConfig
 from engine.lowrank import factors as lora
 from engine.lowrank.population import ADAPTER_DIR, FACTORS_FILE, LoraPopulation
 from engine.noise import shared_noise_table
-from engine.paths import data_dir, default_model_dir
+from engine.paths import PROJECT_ROOT, default_model_dir
 from engine.sink import MemorySink
 from engine.trainer import train
 
 pytestmark = pytest.mark.heavy
 
-CONCISENESS = data_dir() / "conciseness"
+CONCISENESS = PROJECT_ROOT / "data" / "conciseness"  # shipped with the repository
 PROMPTS = [
     [{"role": "user", "content": "Name three colours."}],
     [{"role": "user", "content": "What is the capital of France?"}],

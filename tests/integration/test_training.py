@@ -14,14 +14,14 @@ from safetensors.torch import load_file
 
 from engine import metrics as mk
 from engine.config import RunConfig
-from engine.paths import data_dir
+from engine.paths import PROJECT_ROOT
 from engine.sink import MemorySink
 from engine.trainer import train
 from engine.trainer.reporting import completion_tokens
 
 pytestmark = pytest.mark.heavy
 
-CONCISENESS = data_dir() / "conciseness"
+CONCISENESS = PROJECT_ROOT / "data" / "conciseness"  # shipped with the repository
 
 
 def conciseness_config(tmp_path: Path, **options) -> RunConfig:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from engine.paths import data_dir
+from engine.paths import PROJECT_ROOT
 from jobs.ray_jobs import RayJobs
 from jobs.scheduler import Scheduler, SchedulerSettings
 from jobs.store.status import RunStatus
@@ -16,7 +16,7 @@ from tests.jobs.helpers import wait_for
 
 pytestmark = pytest.mark.heavy
 
-CONCISENESS = data_dir() / "conciseness"
+CONCISENESS = PROJECT_ROOT / "data" / "conciseness"  # shipped with the repository
 SETTINGS = SchedulerSettings(
     max_concurrent_runs=1,
     tick_seconds=0.5,
