@@ -21,11 +21,25 @@ STARTING_ENGINE = "starting engine"
 ENGINE_STARTED = "engine started"
 
 
+_PLACES = " on "
+_PLACE_SEPARATOR = "; "
+
+
 def engine_started(seconds: float, devices: Sequence[str] = ()) -> str:
     """The event that ends the phase, with how long the start took and where the engines
-    compute."""
-    where = f" on {', '.join(devices)}" if devices else ""
+    compute (EnginePool.devices, one per engine)."""
+    where = f"{_PLACES}{_PLACE_SEPARATOR.join(devices)}" if devices else ""
     return f"{ENGINE_STARTED} in {seconds:.1f} s{where}"
+
+
+def engine_places(events: Sequence[EventRecord]) -> list[str]:
+    """Where the run's engines computed at their latest start, one entry per engine (the
+    places `engine_started` wrote); empty before a start, or for a start that named none."""
+    for event in reversed(events):
+        if event.message.startswith(ENGINE_STARTED):
+            _, found, places = event.message.partition(_PLACES)
+            return places.split(_PLACE_SEPARATOR) if found and places else []
+    return []
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from app.views import (
 from engine.paths import resolve_path
 from engine.trainer.checkpoints import best_checkpoint
 from jobs.liveness import in_words, stale_for
-from jobs.phases import phase_of
+from jobs.phases import current_phase, engine_places
 from jobs.scheduler import SchedulerSettings
 from jobs.store.errors import StoreError
 
@@ -54,7 +54,8 @@ def status() -> None:
         st.rerun(scope="app")  # the run ended: redraw once without the timer
     if current.error:
         show_run_error(current.error)
-    phase = phase_of(store, current)
+    events = store.events(current.id)
+    phase = current_phase(current, events)
     c1, c2, c3, c4 = st.columns(4)
     c1.metric("Status", phase.name if phase else current.status.value)
     c2.metric("Step", f"{current.step} / {current.total_steps or '?'}")
@@ -65,6 +66,9 @@ def status() -> None:
             f"Starting engine for {in_words(phase.seconds())}: the model is loading into the "
             "engine (tens of seconds on a CPU); the first step follows."
         )
+    if places := engine_places(events):
+        label = "Engine" if len(places) == 1 else f"{len(places)} engines"
+        st.caption(f"{label}: " + " · ".join(inert(p) for p in places))
     silent = stale_for(current, HEARTBEAT_TIMEOUT)
     if silent:
         st.warning(

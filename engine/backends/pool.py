@@ -101,10 +101,13 @@ class EnginePool:
         return len(self._actors) if self._actors else 1
 
     def devices(self) -> list[str]:
-        """Where each engine computes: its device and the card's or CPU's name."""
+        """Where each engine computes: its host, device and the card's or CPU's name
+        (`gpu-a/cuda:0 (NVIDIA H100 80GB HBM3)`), in engine order."""
         infos = self.infos if self._actors else [getattr(self._local, "info", {})]
         return [
-            f"{info.get('device', '?')} ({info.get('device_name', 'unknown')})" for info in infos
+            f"{info.get('host', '?')}/{info.get('device', '?')} "
+            f"({info.get('device_name', 'unknown')})"
+            for info in infos
         ]
 
     # ---- population evaluation ----------------------------------------------------------------

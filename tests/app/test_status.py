@@ -9,7 +9,7 @@ from datetime import timedelta
 from sqlalchemy import text
 from streamlit.testing.v1 import AppTest
 
-from app.views import error_parts
+from app.views import error_parts, inert
 from jobs import phases
 from jobs.outcome import format_traceback, with_log_tail
 from jobs.store.rows import utcnow
@@ -92,3 +92,29 @@ def test_a_run_the_scheduler_failed_names_the_reason_and_the_logs_last_error():
     )
     assert details == log.strip() and title == "The end of the worker's log"
     assert error_parts("no heartbeat for 90 s") == ("no heartbeat for 90 s", None, "")
+
+
+def test_the_run_page_says_where_its_engines_computed(store):  # noqa: F811
+    run = starting_run(store, seconds_ago=5)
+    at = page("app_pages/run.py", run=str(run.id))
+    assert not [c for c in at.caption if "Engine" in c.value]  # not started yet
+
+    places = ["gpu-a/cuda:0 (NVIDIA H100 80GB HBM3)", "gpu-b/cuda:0 (NVIDIA H100 80GB HBM3)"]
+    store.add_event(run.id, "info", phases.engine_started(31.2, places))
+    at = page("app_pages/run.py", run=str(run.id))
+    shown = [c.value for c in at.caption if "engines:" in c.value]
+    assert shown == ["2 engines: " + " · ".join(inert(p) for p in places)]
+
+
+def test_engine_places_read_back_what_the_worker_wrote():
+    from types import SimpleNamespace
+
+    def event(message: str) -> SimpleNamespace:
+        return SimpleNamespace(message=message)
+
+    one = ["node-1/cpu (Intel(R) Xeon(R) Processor)"]
+    assert phases.engine_places([]) == []
+    assert phases.engine_places([event(phases.engine_started(3.0))]) == []
+    assert phases.engine_places([event(phases.engine_started(3.0, one))]) == one
+    restarted = [event(phases.engine_started(3.0, one)), event(phases.STARTING_ENGINE)]
+    assert phases.engine_places(restarted) == one  # the latest start that finished

@@ -76,6 +76,8 @@ def load_hf(path: Path):
 
 def test_the_engine_says_where_it_computes(vllm_engine):
     """The run's log says where its engines are (the "engine started" event)."""
+    import socket
+
     import torch
 
     from engine.backends.pool import EnginePool
@@ -84,7 +86,9 @@ def test_the_engine_says_where_it_computes(vllm_engine):
     device = vllm_engine.info["device"]
     expected = torch.cuda.get_device_name(device) if device.startswith("cuda") else cpu_model()
     assert vllm_engine.info["device_name"] == expected != "unknown"
-    assert EnginePool.wrap(vllm_engine).devices() == [f"{device} ({expected})"]
+    host = vllm_engine.info["host"]
+    assert host == socket.gethostname()
+    assert EnginePool.wrap(vllm_engine).devices() == [f"{host}/{device} ({expected})"]
 
 
 def test_perturb_restore_is_bit_exact_after_many_cycles(vllm_engine):

@@ -268,7 +268,10 @@ def test_the_engine_start_is_a_phase_of_the_run(sqlite_store, tmp_path):
 
     class StandInPool:
         def devices(self) -> list[str]:
-            return ["cpu (a stand-in)"]
+            return ["here/cpu (a stand-in)"]
+
+        def shutdown(self) -> None:
+            pass
 
     def start_pool(config):
         assert release.wait(10)
@@ -297,5 +300,5 @@ def test_the_engine_start_is_a_phase_of_the_run(sqlite_store, tmp_path):
     messages = [e.message for e in sqlite_store.events(run.id)]
     assert messages[0] == phases.STARTING_ENGINE
     assert messages[1].startswith("engine started in ")
-    assert messages[1].endswith(" s on cpu (a stand-in)")
+    assert messages[1].endswith(" s on here/cpu (a stand-in)")
     assert phases.phase_of(sqlite_store, sqlite_store.get_run(run.id)) is None

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -120,6 +121,7 @@ class PerturbationWorkerExtension:
             "update_table_dtype": str(self._es_update_table.dtype),
             "device": str(largest.device),
             "device_name": _device_name(largest.device),
+            "host": socket.gethostname(),
             "tp_rank": self._es_tp_rank,
             "tp_size": self._es_tp_size,
             "torch_threads": torch.get_num_threads(),
