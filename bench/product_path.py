@@ -91,18 +91,9 @@ def watch(store: Store, run_id: int, serve: subprocess.Popen) -> dict[str, float
         if serve.poll() is not None:
             raise StageFailed(f"eslab serve exited ({serve.returncode}) during run {run_id}")
         status = store.get_run(run_id).status
-        names = [status.value]
-        if status is RunStatus.RUNNING:
-            names = [
-                STARTING_ENGINE
-                if any(e.message == STARTING_ENGINE for e in store.events(run_id))
-                else status.value,
-                *[
-                    ENGINE_STARTED
-                    for e in store.events(run_id)
-                    if e.message.startswith(ENGINE_STARTED)
-                ],
-            ]
+        messages = [e.message for e in store.events(run_id)] if status is RunStatus.RUNNING else []
+        names = [STARTING_ENGINE if STARTING_ENGINE in messages else status.value]
+        names += [ENGINE_STARTED for m in messages if m.startswith(ENGINE_STARTED)]
         for name in names:
             if name not in seen:
                 seen[name] = round(time.monotonic() - start, 1)
