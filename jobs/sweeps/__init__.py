@@ -9,6 +9,7 @@ describes the space file and the rules.
 """
 
 from jobs.sweeps.configs import trial_config
+from jobs.sweeps.samplers import Trial, next_number, suggest
 from jobs.sweeps.spec import (
     EarlyStopping,
     Objective,
@@ -25,7 +26,10 @@ __all__ = [
     "Parameter",
     "SweepSpec",
     "SweepSpecError",
+    "Trial",
     "grid_option",
+    "next_number",
     "parse_space",
+    "suggest",
     "trial_config",
 ]
