@@ -9,6 +9,7 @@ describes the space file and the rules.
 """
 
 from jobs.sweeps.configs import trial_config
+from jobs.sweeps.objective import objective_value, rank
 from jobs.sweeps.samplers import Trial, next_number, suggest
 from jobs.sweeps.spec import (
     EarlyStopping,
@@ -19,6 +20,7 @@ from jobs.sweeps.spec import (
     grid_option,
     parse_space,
 )
+from jobs.sweeps.stopping import should_stop
 
 __all__ = [
     "EarlyStopping",
@@ -29,7 +31,10 @@ __all__ = [
     "Trial",
     "grid_option",
     "next_number",
+    "objective_value",
     "parse_space",
+    "rank",
+    "should_stop",
     "suggest",
     "trial_config",
 ]
