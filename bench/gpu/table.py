@@ -13,7 +13,8 @@ MPS daemon ran, or the low-rank mode with its rank: every member in one multi-Lo
 the step time and each phase the file holds in seconds (generation and perturb are summed
 over members, so with several engines they exceed the step; in the low-rank mode perturb is
 writing the members' adapter slots), generated tokens per second of the iteration, and
-utilization = that / tokens per second of one batched call of 256 prompts on one engine.
+utilization = that / tokens per second of one batched call of 256 prompts on one engine, and
+members per second (population / step time; newer files only).
 Below each table: the weight operations against one plain copy of all weights. A figure a
 file lacks (an older file) shows as '-'; rows and files of another kind are skipped with a
 note.
@@ -65,8 +66,16 @@ def mode(results: dict, row: dict) -> str:
     if is_lora(row):
         return f"{row.get('mode') or 'lora'}, one call"
     engines = row["engines"]
-    text = "full, 1 engine" if engines == 1 else f"full, {engines} engines/GPU"
-    return text + (" + MPS" if results.get("mps") and engines > 1 else "")
+    per_gpu = row.get("engines_per_gpu", engines)
+    if engines == 1:
+        text = "full, 1 engine"
+    elif per_gpu == 1:
+        text = f"full, {engines} engines, 1 a GPU"
+    else:
+        text = f"full, {engines} engines/GPU"
+    if (tp := results.get("tensor_parallel_size", 1)) > 1:
+        text += f", TP {tp}"
+    return text + (" + MPS" if results.get("mps") and per_gpu > 1 else "")
 
 
 def size(parameters: Any) -> str:
@@ -112,6 +121,7 @@ def render(results: Any, source: str) -> str:
         *(PHASE_TITLES.get(p, f"{p} s") for p in names),
         "tokens/s",
         "utilization",
+        "members/s",
     ]
     lines = [caption, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     folder = Path(str(results.get("model") or MISSING)).name
@@ -127,6 +137,7 @@ def render(results: Any, source: str) -> str:
             *(seconds(row.get(f"time/{p}")) for p in names),
             f"{tps:,.0f}" if tps else MISSING,
             f"{tps / base:.2f}" if tps and isinstance(base, int | float) and base else MISSING,
+            f"{row['members_per_s']:.1f}" if "members_per_s" in row else MISSING,
         ]
         lines.append("| " + " | ".join(cells) + " |")
     if skipped := len(rows) - len(known):

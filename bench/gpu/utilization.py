@@ -2,13 +2,17 @@
 
     python3 bench/gpu/utilization.py MODEL_DIR [--engines 1 4 8] [--lora] [--population 32]
         [--prompts 8] [--max-tokens 128] [--steps 1] [--lora-kernels fast] [--json FILE]
+        [--engines-per-gpu 1] [--tensor-parallel-size 2]
 
 utilization = generated tokens per second of an ES iteration (population members, each
 generating for `prompts` prompts, greedy) / tokens per second of ONE batched generate call of
 256 prompts on one engine of the unperturbed model (what the engine can do when its batch is
 full). With one engine, members run one at a time and its batch holds only `prompts`
 sequences; with K engines sharing the GPU (EnginePool engines_per_gpu=K, Ray actors) K members
-generate at once. With --lora, a last row runs the low-rank mode (perturbation: lora, rank
+generate at once. `--engines-per-gpu 1` spreads the K engines over K GPUs instead (one card
+each), and `--tensor-parallel-size T` splits every engine over T GPUs. Each row also gives
+members per second (population / step time), the figure that several GPUs should multiply.
+With --lora, a last row runs the low-rank mode (perturbation: lora, rank
 --rank, merged updates) on one multi-LoRA engine: every member's prompts in one call, one
 adapter per member (`--engines` with no count: that row alone, the 256-prompt call then on
 the multi-LoRA engine). A random-weight model generates until max_tokens almost always, so every
@@ -151,6 +155,15 @@ def main() -> None:
         choices=LORA_KERNELS,
         help="lora_kernels of the --lora row (a process reads vLLM's kernel choice once)",
     )
+    parser.add_argument(
+        "--engines-per-gpu",
+        type=int,
+        default=0,
+        help="engines sharing one GPU (default: all of a row's engines on one GPU)",
+    )
+    parser.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="GPUs each engine is split over"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument(
         "--memory",
@@ -176,18 +189,23 @@ def main() -> None:
     common = {"max_model_len": args.max_model_len, "seed": 0}
     # engines in Ray actors free their memory when killed; an in-process engine does not, so
     # the one-engine row (which also measures the 256-prompt call) runs last
+    tp = args.tensor_parallel_size
+    if tp > 1:
+        common["tensor_parallel_size"] = tp
+        results["tensor_parallel_size"] = tp
     for k in sorted(args.engines, reverse=True):
         start = time.perf_counter()
         # an engine of several only ever holds one member's prompts: fewer CUDA graphs
         seqs = BATCH if k == 1 else 4 * args.prompts
+        per_gpu = min(k, args.engines_per_gpu or k)
         # an in-process engine does not give all its memory back at shutdown: leave room
         # (the --lora row starts a second one after it)
         pool = EnginePool(
             args.model,
             num_engines=k,
-            engines_per_gpu=k,
+            engines_per_gpu=per_gpu,
             max_num_seqs=seqs,
-            gpu_memory_utilization=args.memory / k,
+            gpu_memory_utilization=args.memory / per_gpu,
             **common,
         )
         started = time.perf_counter() - start
@@ -199,10 +217,14 @@ def main() -> None:
                 results["batched_tokens_per_s"] = batched_tokens_per_s(pool, args.max_tokens)
             row = {
                 "engines": k,
+                "engines_per_gpu": per_gpu,
+                "gpus": k * tp // per_gpu,
+                "places": pool.devices(),
                 "perturbation": "full",
                 "start_s": started,
                 **es_iteration(pool, es_config(args, lora=False)),
             }
+            row["members_per_s"] = args.population / row[mk.time_key("step")]
             if k == 1:
                 results["weight_ops_s"] = weight_ops(pool, args.population)
         finally:
