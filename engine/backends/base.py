@@ -21,6 +21,13 @@ class EvaluationStopped(EngineError):
     """A population evaluation was stopped between members because a stop was asked for."""
 
 
+class EngineLostError(EngineError):
+    """An engine's process is gone (its node left the Ray cluster, or the process was
+    killed): the engines can no longer apply the same updates, so the run cannot go on. The
+    message names the engine and where it ran; `eslab resume` continues from the last
+    checkpoint on the engines the cluster has then."""
+
+
 class EngineMismatchError(EngineError):
     """Engines that must hold identical weights do not (their checksums differ)."""
 

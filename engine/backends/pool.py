@@ -1,11 +1,13 @@
 """EnginePool: population members spread over one or more perturbation engines.
 
 One engine runs in this process. More run one per Ray actor (`num_cpus=1` on the CPU,
-`num_gpus=tensor_parallel_size` on GPUs), and members are handed out dynamically: whichever
-engine finishes first takes the next member (`ray.wait`), as in the ES-at-Scale vLLM
-version. Engines never exchange weights: each applies the same (seed, coefficient) update
-itself, and a checksum comparison after every update proves they still agree (OpenAI ES,
-Salimans et al. 2017: workers share only seeds and scalars).
+`num_gpus=tensor_parallel_size` on GPUs), one per node where the cluster has the room (a
+SPREAD placement group), and members are handed out dynamically: whichever engine finishes
+first takes the next member (`ray.wait`), as in the ES-at-Scale vLLM version. Engines never
+exchange weights: each applies the same (seed, coefficient) update itself, and a checksum
+comparison after every update proves they still agree (OpenAI ES, Salimans et al. 2017:
+workers share only seeds and scalars). An engine that is lost (its node left the cluster)
+fails the call with EngineLostError, which names it and where it ran.
 
 An engine moves from one member to the next without restoring in between, because
 `perturb` rewrites every weight from the unperturbed snapshot; it restores once, after its
@@ -16,6 +18,7 @@ third of the perturbation overhead on the CPU.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -23,6 +26,7 @@ from typing import Any, TypeVar
 from engine.backends.base import (
     Completion,
     EngineError,
+    EngineLostError,
     EngineMismatchError,
     EvaluationStopped,
     PerturbationEngine,
@@ -33,6 +37,9 @@ R = TypeVar("R")
 
 Member = tuple[int, float]
 """(seed, scale): the member's perturbation is scale * eps(seed)."""
+
+PLACEMENT_TIMEOUT_S = 300.0
+"""How long the engines' placement group may wait for the cluster to hold all of them."""
 
 
 class _EngineHost:
@@ -45,7 +52,17 @@ class _EngineHost:
         self.engine = VLLMEngine(**engine_options)
 
     def info(self) -> dict[str, Any]:
-        return dict(self.engine.info)
+        """The engine's info plus its Ray node and actor: several nodes of one machine share
+        a host name, and a lost engine is known by its actor id."""
+        import ray
+
+        context = ray.get_runtime_context()
+        return {
+            **self.engine.info,
+            "node_id": context.get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "actor_id": context.get_actor_id(),
+        }
 
     def run_member(
         self, seed: int, scale: float, work: Callable[[PerturbationEngine], Any]
@@ -78,6 +95,8 @@ class EnginePool:
         self.last_stats: dict[str, float] = {}
         self._owns_ray = False
         self._actors: list[Any] = []
+        self._group: Any = None  # the engines' placement group (Ray)
+        self.infos: list[dict[str, Any]] = []
         self._local: PerturbationEngine | None = None
         if num_engines == 1:
             from engine.backends.vllm.engine import VLLMEngine
@@ -93,6 +112,8 @@ class EnginePool:
         pool.last_stats = {}
         pool._owns_ray = False
         pool._actors = []
+        pool._group = None
+        pool.infos = []
         pool._local = engine
         return pool
 
@@ -101,14 +122,9 @@ class EnginePool:
         return len(self._actors) if self._actors else 1
 
     def devices(self) -> list[str]:
-        """Where each engine computes: its host, device and the card's or CPU's name
-        (`gpu-a/cuda:0 (NVIDIA H100 80GB HBM3)`), in engine order."""
+        """Where each engine computes, in engine order (see `engine_place`)."""
         infos = self.infos if self._actors else [getattr(self._local, "info", {})]
-        return [
-            f"{info.get('host', '?')}/{info.get('device', '?')} "
-            f"({info.get('device_name', 'unknown')})"
-            for info in infos
-        ]
+        return [engine_place(info) for info in infos]
 
     # ---- population evaluation ----------------------------------------------------------------
 
@@ -179,7 +195,7 @@ class EnginePool:
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
                 actor_index, index = pending.pop(done[0])
-                seconds, results[index] = ray.get(done[0])
+                seconds, results[index] = self._get(done[0])
                 perturb_s += seconds
                 hand_next(actor_index)
             if len(results) < len(members):
@@ -188,7 +204,7 @@ class EnginePool:
             if pending:  # a member failed: let the others finish before restoring
                 ray.wait(list(pending), num_returns=len(pending))
             start = time.perf_counter()
-            ray.get([actor.call.remote("restore") for actor in self._actors])
+            self._get([actor.call.remote("restore") for actor in self._actors])
             restore_s = time.perf_counter() - start
         self.last_stats = {"perturb_s": perturb_s, "restore_s": restore_s}
         return [results[i] for i in range(len(members))]
@@ -248,9 +264,7 @@ class EnginePool:
         """Call `method(*args)` on every engine (in parallel); results in engine order."""
         if self._local is not None:
             return [getattr(self._local, method)(*args)]
-        import ray
-
-        return ray.get([actor.call.remote(method, *args) for actor in self._actors])
+        return self._get([actor.call.remote(method, *args) for actor in self._actors])
 
     def call_engine(self, index: int, method: str, *args: Any) -> Any:
         """Call `method(*args)` on engine `index` alone (tests and diagnostics)."""
@@ -258,9 +272,7 @@ class EnginePool:
             if index != 0:
                 raise IndexError(f"engine {index} does not exist; the pool has one engine")
             return getattr(self._local, method)(*args)
-        import ray
-
-        return ray.get(self._actors[index].call.remote(method, *args))
+        return self._get(self._actors[index].call.remote(method, *args))
 
     def update(self, seeds: Sequence[int], coefficients: Sequence[float]) -> None:
         """Apply the same update on every engine, then prove they agree."""
@@ -298,13 +310,19 @@ class EnginePool:
             self._local = None
         if self._actors:
             import ray
+            from ray.util.placement_group import remove_placement_group
 
             try:
                 ray.get([actor.call.remote("shutdown") for actor in self._actors])
+            except ray.exceptions.RayActorError:
+                pass  # a lost engine has nothing left to release; the others are killed below
             finally:
                 for actor in self._actors:
                     ray.kill(actor)
                 self._actors = []
+                if self._group is not None:
+                    remove_placement_group(self._group)
+                    self._group = None
                 if self._owns_ray:
                     ray.shutdown()
 
@@ -317,7 +335,12 @@ class EnginePool:
         engines_per_gpu GPUs, so engines_per_gpu of them share a card; they then split its
         memory (gpu_memory_utilization None becomes 0.9 / engines_per_gpu) and start one
         after another, since vLLM sizes its KV cache from the memory free while it profiles
-        and a neighbour starting at the same moment would skew that."""
+        and a neighbour starting at the same moment would skew that.
+
+        Engines of one card or CPU each are placed by a SPREAD placement group (see
+        `_spread_group`). An engine of tensor_parallel_size > 1 is left to Ray's default
+        placement: its vLLM places its ranks with a placement group of its own (one GPU a
+        bundle), and inside a group of ours it would take ours instead."""
         import ray
 
         if not ray.is_initialized():
@@ -333,11 +356,12 @@ class EnginePool:
         project_root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
         path = os.pathsep.join(p for p in (project_root, os.environ.get("PYTHONPATH")) if p)
         host_cls = ray.remote(**resources)(_EngineHost)
+        self._group = _spread_group(num_engines, resources) if tp == 1 else None
         for i in range(num_engines):
             env = {"VLLM_CPU_OMP_THREADS_BIND": binds[i]} if binds else {}
-            actor = host_cls.options(runtime_env={"env_vars": {"PYTHONPATH": path}}).remote(
-                options, env
-            )
+            actor = host_cls.options(
+                runtime_env={"env_vars": {"PYTHONPATH": path}}, **_bundle(self._group, i)
+            ).remote(options, env)
             self._actors.append(actor)
             if shared:  # wait until it has profiled its memory before the next one starts
                 ray.wait([actor.info.remote()], num_returns=1)
@@ -351,14 +375,32 @@ class EnginePool:
         """method(*args_i) on engine i, in parallel, for the non-empty argument lists."""
         if self._local is not None:
             return [getattr(self._local, method)(*arg_lists[0])]
-        import ray
-
         refs = [
             self._actors[i].call.remote(method, *args)
             for i, args in enumerate(arg_lists)
             if len(args[0]) > 0
         ]
-        return ray.get(refs)
+        return self._get(refs)
+
+    def _get(self, refs: Any) -> Any:
+        """ray.get, with an engine whose actor died (its node left the cluster, its process
+        was killed) named: EngineLostError says which engine it was and where it ran,
+        where Ray's own error names an actor id and a node id only."""
+        import ray
+
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayActorError as exc:
+            raise EngineLostError(self._lost_engine(exc)) from exc
+
+    def _lost_engine(self, exc: Any) -> str:
+        ids = [info.get("actor_id") for info in self.infos]
+        if exc.actor_id in ids:
+            index = ids.index(exc.actor_id)
+            which = f"engine {index} of {len(ids)} ({self.devices()[index]})"
+        else:
+            which = f"an engine (Ray actor {exc.actor_id})"
+        return f"{which} was lost: {_actor_death(exc)}"
 
 
 def _split(items: list[Any], parts: int) -> list[list[Any]]:
@@ -381,3 +423,62 @@ def _cpu_bind_masks(num_engines: int, cores: Sequence[int]) -> list[str]:
     if len(cores) < num_engines:
         return [str(cores[i % len(cores)]) for i in range(num_engines)]
     return [",".join(str(c) for c in part) for part in _split(cores, num_engines)]
+
+
+def engine_place(info: Mapping[str, Any]) -> str:
+    """Where an engine computes, from its info: host, device and the card's or CPU's name
+    (`gpu-a/cuda:0 (NVIDIA H100 80GB HBM3)`), and for an engine in a Ray actor its node's
+    short id and address (`, Ray node 3f2a1b9c at 10.0.0.5`): two nodes may share a host
+    name (several raylets on one machine, containers)."""
+    device = f"{info.get('device', '?')} ({info.get('device_name', 'unknown')})"
+    place = f"{info.get('host', '?')}/{device}"
+    if info.get("node_id"):
+        place += f", Ray node {info['node_id'][:8]} at {info.get('node_ip', '?')}"
+    return place
+
+
+def _spread_group(num_engines: int, resources: Mapping[str, float]) -> Any:
+    """A placement group of one bundle per engine with the SPREAD strategy: each engine on a
+    node of its own while the cluster has nodes with room for one, several on a node only
+    when it must (a one-machine cluster keeps running several engines). All bundles are
+    reserved together, so no engine loads its model while another has nowhere to go."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundle = {"CPU": float(resources["num_cpus"])}
+    if resources.get("num_gpus"):
+        bundle["GPU"] = float(resources["num_gpus"])
+    group = placement_group([bundle] * num_engines, strategy="SPREAD")
+    try:
+        ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        raise EngineError(
+            f"the Ray cluster found no room for {num_engines} engines of {bundle} each within "
+            f"{PLACEMENT_TIMEOUT_S:.0f} s (its nodes have {ray.available_resources()} free): "
+            "lower num_engines, or add nodes"
+        ) from None
+    return group
+
+
+def _bundle(group: Any, index: int) -> dict[str, Any]:
+    """The actor options that put engine `index` in its bundle of `group` (none without)."""
+    if group is None:
+        return {}
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return {
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            group, placement_group_bundle_index=index
+        )
+    }
+
+
+_ACTOR_DETAILS = re.compile(r"\s*(class_name|actor_id|pid|name|namespace|ip):")
+
+
+def _actor_death(exc: BaseException) -> str:
+    """Ray's account of an actor's death on one line, without the actor's particulars
+    (class, ids, pid), which EngineLostError says in its own words."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    return " ".join(line for line in lines if line and not _ACTOR_DETAILS.match(line))

@@ -10,6 +10,7 @@ from sqlalchemy import text
 from streamlit.testing.v1 import AppTest
 
 from app.views import error_parts, inert
+from engine.backends.pool import engine_place
 from jobs import phases
 from jobs.outcome import format_traceback, with_log_tail
 from jobs.store.rows import utcnow
@@ -99,11 +100,18 @@ def test_the_run_page_says_where_its_engines_computed(store):  # noqa: F811
     at = page("app_pages/run.py", run=str(run.id))
     assert not [c for c in at.caption if "Engine" in c.value]  # not started yet
 
-    places = ["gpu-a/cuda:0 (NVIDIA H100 80GB HBM3)", "gpu-b/cuda:0 (NVIDIA H100 80GB HBM3)"]
+    # two Ray nodes of one machine: one host name, told apart by their node ids
+    places = [
+        engine_place(
+            {"host": "box", "device": "cpu", "device_name": "Xeon", "node_id": node, "node_ip": ip}
+        )
+        for node, ip in (("3f2a1b9c" * 7, "10.0.0.5"), ("77e0c4d1" * 7, "10.0.0.5"))
+    ]
     store.add_event(run.id, "info", phases.engine_started(31.2, places))
     at = page("app_pages/run.py", run=str(run.id))
     shown = [c.value for c in at.caption if "engines:" in c.value]
     assert shown == ["2 engines: " + " · ".join(inert(p) for p in places)]
+    assert "Ray node 3f2a1b9c" in shown[0] and "Ray node 77e0c4d1" in shown[0]
 
 
 def test_engine_places_read_back_what_the_worker_wrote():

@@ -1,4 +1,5 @@
-"""Shared by the jobs tests: a stand-in run configuration and polling with a deadline."""
+"""Shared by the jobs tests: a stand-in run configuration, a tiny real run, and polling with a
+deadline."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from engine.config import RunConfig
+from engine.paths import PROJECT_ROOT
 from jobs.store.records import RunRecord
 from jobs.store.store import Store
 
 T = TypeVar("T")
 
 STANDIN = "tests.jobs.standin"
+CONCISENESS = PROJECT_ROOT / "data" / "conciseness"  # shipped with the repository
 
 
 def standin_config(output_dir: Path, **options: Any) -> RunConfig:
@@ -39,6 +42,42 @@ def queue_run(store: Store, output_dir: Path, name: str = "standin", **options: 
     return store.create_run(
         name=name, method="es", config=config.to_flat(), total_steps=config.data.max_steps
     )
+
+
+def queue_real_run(store: Store, tmp_path: Path, name: str = "e2e", **options: Any) -> RunRecord:
+    """A tiny real run (the default model on vLLM, conciseness, two members, two steps, a
+    checkpoint a step) queued in `store`, its output in `tmp_path`/out."""
+    from engine.trainer import plan_total_steps
+
+    config = RunConfig.from_flat(
+        {
+            "method": "es",
+            "train_file": str(CONCISENESS / "train.parquet"),
+            "output_dir": str(tmp_path / "out"),
+            "reward_func_path": "engine.rewards.conciseness.compute_score",
+            "population_size": 2,
+            "data_batch_size": 2,
+            "max_steps": 2,
+            "max_tokens": 8,
+            "noise_std": 0.002,
+            "learning_rate": 4e-5,
+            "save_strategy": "steps",
+            "save_steps": 1,
+            "gpu_memory_utilization": 0.2,
+            "max_model_len": 1024,
+            "max_num_seqs": 16,
+            **options,
+        }
+    )
+    return store.create_run(
+        name=name, method="es", config=config.to_flat(), total_steps=plan_total_steps(config)
+    )
+
+
+def ended(store: Store, run_id: int) -> RunRecord | None:
+    """The run once it is in a terminal state, else None (for wait_for)."""
+    run = store.get_run(run_id)
+    return run if run.status.is_terminal() else None
 
 
 def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:

@@ -8,15 +8,13 @@ import time
 
 import pytest
 
-from engine.paths import PROJECT_ROOT
 from jobs.ray_jobs import RayJobs
 from jobs.scheduler import Scheduler, SchedulerSettings
 from jobs.store.status import RunStatus
-from tests.jobs.helpers import wait_for
+from tests.jobs.helpers import ended, queue_real_run, wait_for
 
 pytestmark = pytest.mark.heavy
 
-CONCISENESS = PROJECT_ROOT / "data" / "conciseness"  # shipped with the repository
 SETTINGS = SchedulerSettings(
     max_concurrent_runs=1,
     tick_seconds=0.5,
@@ -34,40 +32,6 @@ def scheduler(sqlite_store, ray_address):
     scheduler.shutdown()
     for run in sqlite_store.active_runs():
         RayJobs(ray_address).stop(run.ray_submission_id)
-
-
-def queue_real_run(store, tmp_path, **options):
-    from engine.config import RunConfig
-    from engine.trainer import plan_total_steps
-
-    config = RunConfig.from_flat(
-        {
-            "method": "es",
-            "train_file": str(CONCISENESS / "train.parquet"),
-            "output_dir": str(tmp_path / "out"),
-            "reward_func_path": "engine.rewards.conciseness.compute_score",
-            "population_size": 2,
-            "data_batch_size": 2,
-            "max_steps": 2,
-            "max_tokens": 8,
-            "noise_std": 0.002,
-            "learning_rate": 4e-5,
-            "save_strategy": "steps",
-            "save_steps": 1,
-            "gpu_memory_utilization": 0.2,
-            "max_model_len": 1024,
-            "max_num_seqs": 16,
-            **options,
-        }
-    )
-    return store.create_run(
-        name="e2e", method="es", config=config.to_flat(), total_steps=plan_total_steps(config)
-    )
-
-
-def ended(store, run_id):
-    run = store.get_run(run_id)
-    return run if run.status.is_terminal() else None
 
 
 def test_a_submitted_run_trains_on_vllm_to_success(scheduler, sqlite_store, tmp_path):

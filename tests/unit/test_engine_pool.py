@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from engine.backends import pool as pool_module
-from engine.backends.base import Completion, EngineMismatchError, PerturbationEngine
+from engine.backends.base import (
+    Completion,
+    EngineLostError,
+    EngineMismatchError,
+    PerturbationEngine,
+)
 from engine.backends.pool import EnginePool
 
 
@@ -144,3 +151,63 @@ def test_num_engines_must_be_positive():
 def test_engines_per_gpu_must_be_positive():
     with pytest.raises(ValueError, match="engines_per_gpu"):
         EnginePool("model", num_engines=2, engines_per_gpu=0)
+
+
+def engine_info(host: str, node_id: str, actor_id: str) -> dict[str, str]:
+    """What an engine in a Ray actor reports (_EngineHost.info)."""
+    return {
+        "host": host,
+        "device": "cpu",
+        "device_name": "Intel(R) Xeon(R)",
+        "node_id": node_id,
+        "node_ip": "10.0.0.5",
+        "actor_id": actor_id,
+    }
+
+
+def test_engine_places_tell_two_nodes_of_one_host_apart():
+    one = pool_module.engine_place(engine_info("box", "3f2a1b9c" + "0" * 48, "a0"))
+    other = pool_module.engine_place(engine_info("box", "77e0c4d1" + "0" * 48, "a1"))
+    assert one == "box/cpu (Intel(R) Xeon(R)), Ray node 3f2a1b9c at 10.0.0.5"
+    assert other != one and "Ray node 77e0c4d1" in other
+    # an engine in this process has no Ray node
+    assert pool_module.engine_place({"host": "box", "device": "cpu", "device_name": "x"}) == (
+        "box/cpu (x)"
+    )
+
+
+class FakeActor:
+    """A Ray actor handle whose calls return a placeholder reference."""
+
+    def __init__(self) -> None:
+        self.call = SimpleNamespace(remote=lambda *args: "ref")
+
+
+def test_a_dead_actor_is_reported_as_the_lost_engine_and_where_it_ran(monkeypatch):
+    import ray
+
+    pool = EnginePool.wrap(FakeEngine())
+    pool._local = None
+    pool._actors = [FakeActor(), FakeActor()]
+    pool.infos = [engine_info("box", "a" * 56, "actor0"), engine_info("box", "b" * 56, "actor1")]
+    death = ray.exceptions.RayActorError(
+        "actor1",
+        "The actor died unexpectedly before finishing this task.\n"
+        "\tclass_name: _EngineHost\n\tactor_id: actor1\n\tpid: 4242\n\tip: 10.0.0.5\n"
+        "The actor died because its node has died. Node Id: " + "b" * 56 + "\n"
+        "\tthe actor's node was terminated unexpectedly: health check failed",
+    )
+
+    def get(refs):
+        raise death
+
+    monkeypatch.setattr(ray, "get", get)
+    with pytest.raises(EngineLostError) as caught:
+        pool.broadcast("checksum")
+    assert str(caught.value) == (
+        "engine 1 of 2 (box/cpu (Intel(R) Xeon(R)), Ray node bbbbbbbb at 10.0.0.5) was lost: "
+        "The actor died unexpectedly before finishing this task. The actor died because its "
+        f"node has died. Node Id: {'b' * 56} the actor's node was terminated unexpectedly: "
+        "health check failed"
+    )
+    assert caught.value.__cause__ is death
