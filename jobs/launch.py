@@ -18,12 +18,23 @@ def queue_run(
     name: str | None = None,
     parent_id: int | None = None,
     tags: Sequence[str] = (),
+    sweep_id: int | None = None,
+    sweep_trial: int | None = None,
 ) -> RunRecord:
     """Validate what can be checked before a run starts (jobs.planning), refuse an
-    output_dir that a live run writes to, then store the run as queued.
+    output_dir that a live run writes to, then store the run as queued (as trial
+    `sweep_trial` of sweep `sweep_id` when given: jobs.sweeps.driver).
 
-    Raises ConfigError (naming the field), DatasetError, RewardError or ModelError."""
-    plan = plan_run(config, name=name, tags=tags, parent_id=parent_id)
+    Raises ConfigError (naming the field), DatasetError, RewardError or ModelError; for a
+    sweep's trial also SweepClosedError or TrialTakenError (jobs.store.errors)."""
+    plan = plan_run(
+        config,
+        name=name,
+        tags=tags,
+        parent_id=parent_id,
+        sweep_id=sweep_id,
+        sweep_trial=sweep_trial,
+    )
     refuse_output_dir_in_use(store, plan)
     return create_run(store, plan)
 

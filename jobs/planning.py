@@ -29,6 +29,8 @@ class RunPlan:
     output_dir: Path  # resolved
     tags: list[str] = field(default_factory=list)
     parent_id: int | None = None
+    sweep_id: int | None = None  # a trial of a sweep: the sweep and the trial's number
+    sweep_trial: int | None = None
 
 
 def default_run_name(config: RunConfig) -> str:
@@ -45,6 +47,8 @@ def plan_run(
     name: str | None = None,
     tags: Sequence[str] = (),
     parent_id: int | None = None,
+    sweep_id: int | None = None,
+    sweep_trial: int | None = None,
 ) -> RunPlan:
     """Check what can be checked before a run starts (datasets, reward function, model
     folder), so that bad input stores nothing.
@@ -67,6 +71,8 @@ def plan_run(
         output_dir=Path(config.data.output_dir or ""),
         tags=list(tags),
         parent_id=parent_id,
+        sweep_id=sweep_id,
+        sweep_trial=sweep_trial,
     )
 
 
@@ -79,4 +85,6 @@ def create_run(store: Store, plan: RunPlan, *, status: RunStatus = RunStatus.QUE
         tags=plan.tags,
         parent_id=plan.parent_id,
         status=status,
+        sweep_id=plan.sweep_id,
+        sweep_trial=plan.sweep_trial,
     )

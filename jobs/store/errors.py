@@ -17,6 +17,19 @@ class InvalidTransitionError(StoreError):
     pass
 
 
+class SweepNotFoundError(StoreError):
+    pass
+
+
+class SweepClosedError(StoreError):
+    """A run was to join a sweep that is no longer active (cancelled or finished meanwhile):
+    nothing was stored."""
+
+
+class TrialTakenError(StoreError):
+    """A sweep's trial number already has its run: another pass queued it first."""
+
+
 class StaleAttemptError(StoreError):
     """A write of an attempt that is over: the run was resumed as a newer attempt, or ended
     without it. Nothing of the write was kept; the worker that made it must stop."""

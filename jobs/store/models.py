@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from jobs.store.status import RunStatus
+from jobs.store.status import RunStatus, SweepStatus
 
 # Named constraints keep migrations portable between SQLite and PostgreSQL.
 NAMING = {
@@ -34,6 +34,7 @@ NAMING = {
 }
 
 STATUS_VALUES = ", ".join(f"'{s.value}'" for s in RunStatus)
+SWEEP_STATUS_VALUES = ", ".join(f"'{s.value}'" for s in SweepStatus)
 
 
 class Base(DeclarativeBase):
@@ -44,6 +45,30 @@ def _run_fk() -> Any:
     return ForeignKey("runs.id", ondelete="CASCADE")
 
 
+class Sweep(Base):
+    """A hyperparameter search over run options (migration 0004): what to search (`spec`,
+    jobs.sweeps.spec.SweepSpec.to_dict()) from which configuration (`base_config`,
+    RunConfig.to_dict() with its paths resolved). Its trials are ordinary runs that name it
+    (`runs.sweep_id`)."""
+
+    __tablename__ = "sweeps"
+    __table_args__ = (
+        CheckConstraint(f"status IN ({SWEEP_STATUS_VALUES})", name="status"),
+        Index("ix_sweeps_created_at", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True, nullable=False)
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
+    method: Mapped[str] = mapped_column(String(16), nullable=False)
+    spec: Mapped[dict] = mapped_column(JSON, nullable=False)
+    base_config: Mapped[dict] = mapped_column(JSON, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    # The dashboard user who started it; NULL from the command line (no login there).
+    created_by: Mapped[str | None] = mapped_column(String(200))
+
+
 class Run(Base):
     __tablename__ = "runs"
     __table_args__ = (
@@ -51,6 +76,9 @@ class Run(Base):
         CheckConstraint("method IN ('es', 'lbes')", name="method"),
         Index("ix_runs_created_at", "created_at"),
         Index("ix_runs_status", "status"),
+        # One run per trial of a sweep, so a trial can never be queued twice; also the
+        # index that lists a sweep's runs. NULLs are distinct: runs of no sweep never clash.
+        UniqueConstraint("sweep_id", "sweep_trial"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -74,6 +102,9 @@ class Run(Base):
     ray_submission_id: Mapped[str | None] = mapped_column(String(64))
     # 1 for the first attempt; `eslab resume` adds one (migration 0002).
     attempt: Mapped[int] = mapped_column(Integer, nullable=False, default=1, server_default="1")
+    # The sweep the run is a trial of, and the trial's number in it (migration 0004).
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="SET NULL"))
+    sweep_trial: Mapped[int | None] = mapped_column(Integer)
 
 
 class Metric(Base):

@@ -41,6 +41,22 @@ class RunQueries(StoreBase):
             )
             return [MetricPoint(step=r.step, value=r.value, wall_time=r.wall_time) for r in rows]
 
+    def metric_curves(self, run_ids: Sequence[int], key: str) -> dict[int, dict[int, float]]:
+        """Metric `key` of many runs at once, {run id: {step: value}} (a sweep's runs: its
+        objective and early stopping), in one query that the metrics primary key serves.
+        Runs without the metric get an empty curve."""
+        m = models.Metric
+        out: dict[int, dict[int, float]] = {i: {} for i in run_ids}
+        with self._session() as s:
+            rows = s.execute(
+                select(m.run_id, m.step, m.value)
+                .where(m.run_id.in_(list(run_ids)), m.key == key)
+                .order_by(m.run_id, m.step)
+            )
+            for run_id, step, value in rows:
+                out[run_id][step] = value
+        return out
+
     def latest_metrics(self, run_ids: Sequence[int]) -> dict[int, dict[str, float]]:
         with self._session() as s:
             rows = s.execute(
@@ -278,6 +294,21 @@ class RunQueries(StoreBase):
                 EventRecord(created_at=aware(e.created_at), level=e.level, message=e.message)
                 for e in rows
             ]
+
+    def events_starting_with(self, run_ids: Sequence[int], prefix: str) -> dict[int, list[str]]:
+        """The messages of many runs' events that start with `prefix`, oldest first, {run
+        id: [message]}: an event a module writes as a mark (jobs.phases, jobs.sweeps)."""
+        e = models.Event
+        out: dict[int, list[str]] = {i: [] for i in run_ids}
+        with self._session() as s:
+            rows = s.execute(
+                select(e.run_id, e.message)
+                .where(e.run_id.in_(list(run_ids)), e.message.startswith(prefix, autoescape=True))
+                .order_by(e.created_at, e.id)
+            )
+            for run_id, message in rows:
+                out[run_id].append(message)
+        return out
 
     def export_run(self, run: int | str) -> RunExport:
         """Every metric, population row and sample of a run, unsampled (`eslab export`)."""

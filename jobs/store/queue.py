@@ -134,9 +134,11 @@ class RunQueue(StoreBase):
             run_id = write_as(s, run, attempt, heartbeat_at=utcnow())
             return RunStatus(s.scalar(select(models.Run.status).where(models.Run.id == run_id)))
 
-    def request_cancel(self, run: int | str) -> RunRecord:
+    def request_cancel(self, run: int | str, *, reason: str | None = None) -> RunRecord:
         """A queued run is cancelled at once (its worker, if Ray started one, sees that and
-        exits); a running one becomes cancelling until its worker stops."""
+        exits); a running one becomes cancelling until its worker stops. `reason`, when
+        given, is recorded as an event of its own in the cancel's transaction (a sweep
+        stopping a run early says why)."""
         for _ in range(5):  # each retry follows a concurrent status change
             with self._session() as s:
                 row = find_run(s, run)
@@ -152,6 +154,8 @@ class RunQueue(StoreBase):
                 if target is RunStatus.CANCELLED:
                     values["finished_at"] = utcnow()
                 if compare_and_set(s, row.id, [status], values):
+                    if reason is not None:
+                        s.add(event_row(row.id, "info", reason))
                     s.add(
                         event_row(
                             row.id, "info", f"cancel requested ({status.value} -> {target.value})"

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from jobs.store.status import RunStatus
+from jobs.store.status import RunStatus, SweepStatus
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,25 @@ class RunRecord:
     parent_id: int | None
     ray_submission_id: str | None
     attempt: int = 1
+    sweep_id: int | None = None
+    """The sweep the run is a trial of (jobs.sweeps), and the trial's number in it."""
+    sweep_trial: int | None = None
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    """A sweep: `spec` is SweepSpec.to_dict() (jobs.sweeps.spec), `base_config` the
+    RunConfig.to_dict() its trials vary, paths resolved as a run stores them."""
+
+    id: int
+    name: str
+    status: SweepStatus
+    method: str
+    spec: dict[str, Any]
+    base_config: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    created_by: str | None
 
 
 @dataclass(frozen=True)

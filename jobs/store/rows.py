@@ -67,6 +67,8 @@ def run_record(row: models.Run) -> RunRecord:
         parent_id=row.parent_id,
         ray_submission_id=row.ray_submission_id,
         attempt=row.attempt or 1,
+        sweep_id=row.sweep_id,
+        sweep_trial=row.sweep_trial,
     )
 
 

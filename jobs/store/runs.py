@@ -1,5 +1,6 @@
-"""Runs themselves: create one (a clone names the run it copies as its parent), find it, list
-and search runs for the CLI and the dashboard, move its status, delete it."""
+"""Runs themselves: create one (a clone names the run it copies as its parent, a sweep's trial
+its sweep), find it, list and search runs for the CLI and the dashboard, move its status,
+delete it."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import String, cast, func, or_, select
+from sqlalchemy.exc import IntegrityError
 
 from jobs.store import models
-from jobs.store.errors import InvalidTransitionError
+from jobs.store.errors import InvalidTransitionError, TrialTakenError
 from jobs.store.records import RunRecord
 from jobs.store.rows import find_run, run_record, utcnow
 from jobs.store.session import StoreBase
 from jobs.store.status import RunStatus, can_transition
+from jobs.store.sweeps import join_sweep
 
 
 class Runs(StoreBase):
@@ -31,7 +34,13 @@ class Runs(StoreBase):
         notes: str = "",
         parent_id: int | None = None,
         status: RunStatus = RunStatus.QUEUED,
+        sweep_id: int | None = None,
+        sweep_trial: int | None = None,
     ) -> RunRecord:
+        """A trial of a sweep (`sweep_id` and `sweep_trial`) is stored only while its sweep
+        is active (SweepClosedError) and only once (TrialTakenError)."""
+        if (sweep_id is None) != (sweep_trial is None):
+            raise ValueError("a sweep's run needs both sweep_id and sweep_trial")
         now = utcnow()
         row = models.Run(
             uuid=str(uuid_lib.uuid4()),
@@ -46,10 +55,21 @@ class Runs(StoreBase):
             notes=notes,
             parent_id=parent_id,
             started_at=now if status is RunStatus.RUNNING else None,
+            sweep_id=sweep_id,
+            sweep_trial=sweep_trial,
         )
         with self._session() as s:
+            if sweep_id is not None:
+                join_sweep(s, sweep_id)
             s.add(row)
-            s.flush()
+            try:
+                s.flush()
+            except IntegrityError:
+                if sweep_id is None:
+                    raise
+                raise TrialTakenError(
+                    f"trial {sweep_trial} of sweep {sweep_id} has its run already"
+                ) from None
             return run_record(row)
 
     def get_run(self, run: int | str) -> RunRecord:

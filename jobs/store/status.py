@@ -1,4 +1,5 @@
-"""Run status and the one transition rule that every writer goes through."""
+"""Run and sweep status, and the one transition rule of runs that every writer goes
+through."""
 
 from __future__ import annotations
 
@@ -37,3 +38,13 @@ _ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
 
 def can_transition(current: RunStatus, new: RunStatus) -> bool:
     return new in _ALLOWED[current]
+
+
+class SweepStatus(StrEnum):
+    """A sweep is active until nothing more is to be asked of it (finished) or a person
+    cancels it; only active sweeps queue runs. A finished sweep whose run was resumed is
+    active again until that run ends (jobs.sweeps.driver)."""
+
+    ACTIVE = "active"
+    FINISHED = "finished"
+    CANCELLED = "cancelled"

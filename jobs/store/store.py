@@ -10,7 +10,8 @@ shared session (session.py) and row helpers (rows.py):
 - queue.py: the queue and a run's life under racing writers (submit, start, beat, finish,
   cancel, resume);
 - locks.py: the scheduler's lease;
-- queries.py: reads for the dashboard, the CLI and the worker.
+- queries.py: reads for the dashboard, the CLI and the worker;
+- sweeps.py: sweeps, their runs and their status.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from jobs.store.queries import RunQueries
 from jobs.store.queue import RunQueue
 from jobs.store.runs import Runs
 from jobs.store.steps import StepRecords
+from jobs.store.sweeps import Sweeps
 
 
-class Store(Runs, StepRecords, RunQueue, Locks, RunQueries):
+class Store(Runs, StepRecords, RunQueue, Locks, RunQueries, Sweeps):
     """`Store(url=None, *, check_schema=True)`: the database at `url` (else
     ESLAB_DATABASE_URL or data/eslab.db), refused unless migrated to the current schema."""

@@ -19,6 +19,7 @@ TABLES = {
     "checkpoints",
     "events",
     "scheduler_lock",
+    "sweeps",
 }
 
 
@@ -58,6 +59,13 @@ def test_indexes_serve_the_dashboard_queries(store):
     assert {"ix_runs_created_at", "ix_runs_status"} <= {
         i["name"] for i in inspector.get_indexes("runs")
     }
+    # a sweep's runs are listed through the unique (sweep_id, sweep_trial) constraint's index
+    assert {
+        "name": "uq_runs_sweep_id_sweep_trial",
+        "column_names": ["sweep_id", "sweep_trial"],
+    }.items() <= next(
+        u for u in inspector.get_unique_constraints("runs") if u["name"].startswith("uq_runs_sw")
+    ).items()
 
 
 def test_a_new_empty_database_gets_the_schema_when_a_store_opens_it(db_url):
@@ -217,4 +225,32 @@ def test_0003_adds_each_samples_scores_and_leaves_earlier_rows_without(db_url):
     assert not {"sample_rewards", "sample_costs"} & columns
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM population").scalar() == 2
+    engine.dispose()
+
+
+def test_0004_adds_sweeps_and_leaves_earlier_runs_in_none(db_url):
+    upgrade(db_url, "0003")
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO runs (uuid, name, method, status, config, created_at, step, tags, notes)"
+            " VALUES ('u-1', 'old', 'es', 'failed', '{}', '2026-01-01 00:00:00', 1, '[]', '')"
+        )
+    engine.dispose()
+    upgrade(db_url)
+    store = Store(db_url)
+    old = store.get_run("u-1")
+    assert (old.sweep_id, old.sweep_trial) == (None, None)
+    sweep = store.create_sweep(name="sw", spec={"method": "grid"}, base_config={})
+    store.create_run(name="sw-t001", method="es", config={}, sweep_id=sweep.id, sweep_trial=1)
+    assert [r.name for r in store.sweep_runs(sweep.id)] == ["sw-t001"]
+    store.close()
+    downgrade(db_url, "0003")  # and back: the sweeps go, every run stays
+    engine = make_engine(db_url)
+    assert "sweeps" not in inspect(engine).get_table_names()
+    columns = {c["name"] for c in inspect(engine).get_columns("runs")}
+    assert not {"sweep_id", "sweep_trial"} & columns
+    with engine.connect() as conn:
+        names = conn.exec_driver_sql("SELECT name FROM runs ORDER BY id").scalars().all()
+    assert names == ["old", "sw-t001"]
     engine.dispose()
