@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import difflib
+import re
+from functools import cache
+
 TRAIN = "train"
 EVAL = "eval"
 
@@ -91,3 +95,37 @@ def completion_key(split: str, stat: str) -> str:
         known = ", ".join(COMPLETION_STATS)
         raise KeyError(f"unknown completion statistic {stat!r}; known: {known}")
     return f"{split}/completions/{stat}"
+
+
+REWARD_PART_KEY = re.compile(rf"(train|eval)/[^/]+(/[^/]+)?/({'|'.join(STATS)})")
+"""A statistic of a reward part (`train/<part>/mean`) or an ensemble member
+(`train/member/<name>/mean`): reward functions and ensembles name their parts at run time, so
+such keys are known by their shape only."""
+
+
+@cache
+def fixed_keys() -> frozenset[str]:
+    """Every key this module defines or builds from its own names (reward parts aside)."""
+    constants = {
+        value
+        for name, value in globals().items()
+        if name.isupper() and isinstance(value, str) and "/" in value
+    }
+    return frozenset(
+        constants
+        | {time_key(p) for p in PHASES}
+        | {completion_key(s, c) for s in (TRAIN, EVAL) for c in COMPLETION_STATS}
+        | {reward_key(s, "reward", stat) for s in (TRAIN, EVAL) for stat in STATS}
+        | {reward_key(TRAIN, POPULATION_REWARD, s) for s in ("std", "min", "max")}
+    )
+
+
+def is_known_key(key: str) -> bool:
+    """Whether a run may report `key`: one of fixed_keys(), or a reward part's statistic."""
+    return key in fixed_keys() or REWARD_PART_KEY.fullmatch(key) is not None
+
+
+def close_key(key: str) -> str | None:
+    """The fixed key `key` was most likely meant to be (a typo's correction), if any."""
+    close = difflib.get_close_matches(key, sorted(fixed_keys()), n=1, cutoff=0.8)
+    return close[0] if close else None

@@ -10,8 +10,6 @@ from pathlib import Path
 from engine import metrics as mk
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
-# a key reward_key builds for a part a reward function or the aligner names
-REWARD_KEY = re.compile(rf"^(train|eval)/[^/]+(/[^/]+)?/({'|'.join(mk.STATS)})$")
 
 
 def expand(key: str) -> list[str]:
@@ -27,28 +25,30 @@ def documented_keys() -> set[str]:
     return {k for cell in cells for key in re.findall(r"`([^`]+)`", cell) for k in expand(key)}
 
 
-def defined_keys() -> set[str]:
-    """Every fixed key engine/metrics.py defines or builds from its own names."""
-    constants = {v for k, v in vars(mk).items() if k.isupper() and isinstance(v, str) and "/" in v}
-    return (
-        constants
-        | {mk.time_key(p) for p in mk.PHASES}
-        | {mk.completion_key(s, c) for s in (mk.TRAIN, mk.EVAL) for c in mk.COMPLETION_STATS}
-        | {mk.reward_key(s, "reward", stat) for s in (mk.TRAIN, mk.EVAL) for stat in mk.STATS}
-        | {mk.reward_key(mk.TRAIN, mk.POPULATION_REWARD, s) for s in ("std", "min", "max")}
-    )
-
-
 def test_every_defined_key_is_documented():
-    assert defined_keys() - documented_keys() == set()
+    assert mk.fixed_keys() - documented_keys() == set()
 
 
 def test_every_documented_key_is_defined_or_a_reward_part():
     unknown = {
-        k for k in documented_keys() - defined_keys() if "<" not in k and not REWARD_KEY.match(k)
+        k
+        for k in documented_keys() - mk.fixed_keys()
+        if "<" not in k and not mk.REWARD_PART_KEY.fullmatch(k)
     }
     assert unknown == set()
     # the stat-less placeholders name keys reward_key builds
     assert all(
-        REWARD_KEY.match(k.replace("<", "").replace(">", "")) for k in documented_keys() if "<" in k
+        mk.REWARD_PART_KEY.fullmatch(k.replace("<", "").replace(">", ""))
+        for k in documented_keys()
+        if "<" in k
     )
+
+
+def test_known_keys_are_the_fixed_ones_and_reward_parts_by_shape():
+    assert mk.is_known_key(mk.reward_key(mk.EVAL)) and mk.is_known_key(mk.time_key("step"))
+    assert mk.is_known_key("eval/accuracy/mean")  # a part a reward function names
+    assert mk.is_known_key("train/member/scorer/mean")  # an ensemble member
+    assert not mk.is_known_key("eval/reward/maen") and not mk.is_known_key("reward")
+    assert not mk.is_known_key("eval/reward/mean\n")
+    assert mk.close_key("eval/reward/maen") == "eval/reward/mean"
+    assert mk.close_key("loss") is None
