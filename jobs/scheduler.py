@@ -13,7 +13,9 @@ A tick every few seconds (APScheduler BackgroundScheduler) does, in order:
    is stopped; a run stopped in step 1 is failed with the reason. A foreground run noted in
    step 1 is failed, or cancelled if a cancel was waiting for it; should its process still
    live, its attempt is over and its next write is refused, which stops it;
-4. submit queued runs, oldest first, while fewer than `max_concurrent_runs` are active and
+4. advance the active sweeps (jobs.sweeps.driver): stop early the runs their rules give up
+   on, queue their next trials as ordinary runs;
+5. submit queued runs, oldest first, while fewer than `max_concurrent_runs` are active and
    the Ray cluster has the CPUs/GPUs they ask for.
 
 All state lives in the database and in Ray, none in this object: a restarted scheduler picks
@@ -46,6 +48,7 @@ from jobs.store.errors import StaleAttemptError
 from jobs.store.records import RunRecord
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
+from jobs.sweeps.driver import advance_sweeps
 
 log = logging.getLogger(__name__)
 
@@ -211,9 +214,9 @@ class Scheduler:
     # -- one pass -----------------------------------------------------------------------
 
     def tick(self) -> None:
-        """One pass: stop silent workers, lock, sync, submit. Never raises: a failing tick
-        is logged and the next one tries again (APScheduler would only log it less
-        clearly)."""
+        """One pass: stop silent workers, lock, sync, sweeps, submit. Never raises: a
+        failing tick is logged and the next one tries again (APScheduler would only log it
+        less clearly)."""
         try:
             if self._holds_lock:
                 self._stop_silent_workers()
@@ -226,6 +229,7 @@ class Scheduler:
                 self._sync(run)
             active_ids = {run.id for run in active}
             self._silenced = {i: why for i, why in self._silenced.items() if i in active_ids}
+            advance_sweeps(self.store)  # logs a sweep that fails; the submissions go on
             self._submit_queued()
         except RayUnavailableError as exc:
             log.warning("scheduler tick skipped: %s", exc)

@@ -22,7 +22,7 @@ from jobs.store.rows import aware, run_record, utcnow
 from jobs.store.session import StoreBase
 from jobs.store.status import RunStatus, SweepStatus
 
-LIVE_RUN_STATUSES = [RunStatus.QUEUED.value, RunStatus.RUNNING.value, RunStatus.CANCELLING.value]
+NOT_ENDED = [s.value for s in RunStatus if not s.is_terminal()]
 
 
 class Sweeps(StoreBase):
@@ -133,7 +133,7 @@ class Sweeps(StoreBase):
         resumed), so that its early stopping watches that run and the sweep finishes again
         once it ends; the ids of those sweeps."""
         sweep, run = models.Sweep, models.Run
-        live = exists().where(run.sweep_id == sweep.id, run.status.in_(LIVE_RUN_STATUSES))
+        live = exists().where(run.sweep_id == sweep.id, run.status.in_(NOT_ENDED))
         with self._session() as s:
             ids = list(
                 s.scalars(select(sweep.id).where(sweep.status == SweepStatus.FINISHED.value, live))
