@@ -1,5 +1,6 @@
-"""Run actions shared by the Runs, Run and New run pages; the work happens in jobs/ (the same
-calls as `eslab submit` / `eslab cancel` / `eslab resume`), the page only shows the outcome.
+"""Run and sweep actions shared by the pages; the work happens in jobs/ (the same calls as
+`eslab submit` / `eslab cancel` / `eslab resume` / `eslab sweep`), the page only shows the
+outcome.
 
 Each action checks the user's role here, where it runs (app.auth.require_editor), so a
 viewer is refused even if a button were shown; the pages also hide or disable them."""
@@ -15,9 +16,11 @@ from app.views import inert
 from engine.config import RunConfig
 from jobs.launch import queue_run
 from jobs.store.errors import StoreError
-from jobs.store.records import RunRecord
+from jobs.store.records import RunRecord, SweepRecord
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
+from jobs.sweeps import driver
+from jobs.sweeps.spec import SweepSpec
 
 RUN_PAGE = "app_pages/run.py"
 NEW_PAGE = "app_pages/new_run.py"
@@ -42,6 +45,29 @@ def launch(
     if not allowed("launch runs"):
         return None
     return queue_run(store, config, parent_id=parent_id, tags=tags)
+
+
+def launch_sweep(
+    store: Store, base: RunConfig, spec: SweepSpec, *, name: str | None = None
+) -> SweepRecord | None:
+    """Start a sweep as `eslab sweep` does, recording who started it; None when the user may
+    not. Errors of the base configuration or the name reach the caller, which shows them."""
+    if not allowed("start sweeps"):
+        return None
+    user = auth.current_user()
+    return driver.start_sweep(store, base, spec, name=name, created_by=user.name if user else None)
+
+
+def cancel_sweep(store: Store, sweep_id: int) -> None:
+    """Cancel a sweep and its queued and running runs, as `eslab cancel --sweep` does."""
+    if not allowed("cancel sweeps"):
+        return
+    try:
+        runs = driver.cancel_sweep(store, sweep_id)
+    except StoreError as exc:
+        st.error(str(exc))
+        return
+    st.toast(f"sweep {sweep_id} cancelled, and {len(runs)} of its runs")
 
 
 def cancel(store: Store, run_id: int) -> None:

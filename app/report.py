@@ -1,7 +1,11 @@
 """A run as ONE self-contained HTML file, for people who cannot reach the server: summary,
 the Run page's charts, the configuration and some samples. Charts are rendered to inline SVG
 by vl-convert (Vega-Lite compiled by an embedded engine, offline), so the file holds no
-script at all and opens anywhere, without network, as it was when it was written."""
+script at all and opens anywhere, without network, as it was when it was written.
+
+A run of a sweep names its sweep and trial in its summary; a sweep's report (`eslab export
+--sweep ID --format html`) lists the sweep's runs ranked by its objective, with the search
+and the base configuration."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from datetime import UTC, datetime
 import altair as alt
 
 from app import run_charts
-from app.views import MISSING, duration, elapsed, mode
+from app.views import MISSING, cell, duration, elapsed, mode
 from engine import metrics as mk
 from engine.extras import require
 from jobs.store.records import RunRecord
@@ -85,9 +89,15 @@ def summary_rows(store: Store, run: RunRecord) -> list[tuple[str, object]]:
         ("latest train reward", latest.get(mk.reward_key(mk.TRAIN), MISSING)),
         ("best eval reward", MISSING if best is None else best),
         ("tags", ", ".join(run.tags) or MISSING),
+        *([("sweep", sweep_line(store, run))] if run.sweep_id is not None else []),
         ("uuid", run.uuid),
         *([("error", run.error)] if run.error else []),
     ]
+
+
+def sweep_line(store: Store, run: RunRecord) -> str:
+    sweep = store.get_sweep(run.sweep_id)
+    return f"{sweep.name} (sweep {sweep.id}, {sweep.status.value}), trial {run.sweep_trial}"
 
 
 def sample_rows(store: Store, run: RunRecord) -> list[dict]:
@@ -109,6 +119,20 @@ def sample_rows(store: Store, run: RunRecord) -> list[dict]:
     return rows
 
 
+def _document(title: str, sub: str, body: str) -> str:
+    written = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(title)} · {html.escape(sub)}</title><style>{STYLE}</style></head>
+<body>
+<h1>{html.escape(title)}</h1>
+<p class="sub">{html.escape(sub)} · report written {written}</p>
+{body}
+</body></html>
+"""
+
+
 def run_report(store: Store, run_id: int | str) -> str:
     """The HTML document of run `run_id` as the store holds it now."""
     run = store.get_run(run_id)
@@ -122,18 +146,36 @@ def run_report(store: Store, run_id: int | str) -> str:
         or "<p>No steps recorded yet.</p>"
     )
     samples = sample_rows(store, run)
-    written = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    title = html.escape(run.name)
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title} · ES Lab run {run.id}</title><style>{STYLE}</style></head>
-<body>
-<h1>{title}</h1>
-<p class="sub">ES Lab run {run.id} · {html.escape(run.method)} · report written {written}</p>
-<h2>Summary</h2>{_table(summary_rows(store, run))}
+    body = f"""<h2>Summary</h2>{_table(summary_rows(store, run))}
 <h2>Charts</h2><div class="charts">{svgs}</div>
 <h2>Samples</h2>{_table(samples, header=True) if samples else "<p>No samples yet.</p>"}
-<h2>Configuration</h2>{_table(sorted(run.config.items()))}
-</body></html>
-"""
+<h2>Configuration</h2>{_table(sorted(run.config.items()))}"""
+    return _document(run.name, f"ES Lab run {run.id} · {run.method}", body)
+
+
+def sweep_report(store: Store, sweep_id: int | str) -> str:
+    """The HTML document of a sweep as the store holds it now: what it searches, its runs
+    best first (then those without a rank, in trial order), its base configuration."""
+    from jobs.sweeps.driver import sweep_base, sweep_table
+    from jobs.sweeps.spec import SweepSpec
+
+    sweep = store.get_sweep(sweep_id)
+    spec = SweepSpec.from_dict(sweep.spec)
+    table = sweep_table(store, sweep.id).sort_values(["rank", "trial"], na_position="last")
+    objective = spec.objective
+    summary = [
+        ("status", sweep.status.value),
+        ("method", spec.method),
+        ("objective", f"{objective.metric} ({objective.mode}, {objective.summary})"),
+        ("runs", f"{len(table)} of {spec.budget}, {spec.parallel} at a time"),
+        ("early stopping", spec.early_stopping or MISSING),
+        ("created", sweep.created_at),
+        ("created by", sweep.created_by or MISSING),
+    ]
+    rows = [{k: cell(v) for k, v in row.items()} for row in table.to_dict(orient="records")]
+    runs = _table(rows, header=True) if rows else "<p>No runs yet.</p>"
+    body = f"""<h2>Summary</h2>{_table(summary)}
+<h2>Runs, best first</h2>{runs}
+<h2>Search</h2><pre>{html.escape(spec.to_yaml())}</pre>
+<h2>Base configuration</h2>{_table(sorted(sweep_base(sweep).to_flat().items()))}"""
+    return _document(sweep.name, f"ES Lab sweep {sweep.id} · {spec.method}", body)

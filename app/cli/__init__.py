@@ -8,10 +8,38 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
-from app.cli import bon, data, db, export, kl, model, presets, runs, scorer, serve, train, users
+from app.cli import (
+    bon,
+    data,
+    db,
+    export,
+    kl,
+    model,
+    presets,
+    runs,
+    scorer,
+    serve,
+    sweeps,
+    train,
+    users,
+)
 from app.cli.common import USER_ERRORS, print_error
 
-COMMAND_GROUPS = (serve, runs, export, train, presets, data, model, db, users, scorer, bon, kl)
+COMMAND_GROUPS = (
+    serve,
+    runs,
+    sweeps,
+    export,
+    train,
+    presets,
+    data,
+    model,
+    db,
+    users,
+    scorer,
+    bon,
+    kl,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """What the `eslab` commands share: the errors that become one line instead of a traceback,
 the run database, run configurations from a file or preset with `--set` changes, checks of
 ports and service addresses given on the command line or in settings, and the address of a
-run's dashboard page."""
+run's or a sweep's dashboard page."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from engine.model_files import ModelError
 from engine.rewards import RewardError
 from engine.scoring.client import ScorerError
 from jobs.store.errors import StoreError
+from jobs.sweeps.spec import SweepSpecError
 from scorer.models import ScoringModelError
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     ModelError,
     RewardError,
     StoreError,
+    SweepSpecError,
     ScorerError,
     ScoringModelError,
 )
@@ -48,6 +50,13 @@ USER_ERRORS: tuple[type[Exception], ...] = (
 
 def print_error(message: str) -> None:
     print(f"eslab: error: {message}", file=sys.stderr)
+
+
+def print_table(rows: list[tuple[str, ...]]) -> None:
+    """Rows of cells (the first the header) in aligned columns."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
 def open_store() -> closing[Store]:
@@ -113,10 +122,19 @@ def check_ray_address() -> None:
 
 
 def dashboard_url(run_id: int) -> str:
-    """The run's page on the dashboard `eslab serve` runs on this data folder (on any
-    port), else on the default port; ESLAB_DASHBOARD_URL names the server when it is not
-    the local one. A bad setting is said in place of the link: the run it links to exists
-    already."""
+    """The run's page on the dashboard."""
+    return page_url(f"run?run={run_id}")
+
+
+def sweep_url(sweep_id: int) -> str:
+    """The sweep's page on the dashboard."""
+    return page_url(f"sweep?sweep={sweep_id}")
+
+
+def page_url(page: str) -> str:
+    """`page` on the dashboard `eslab serve` runs on this data folder (on any port), else on
+    the default port; ESLAB_DASHBOARD_URL names the server when it is not the local one. A
+    bad setting is said in place of the link: what it links to exists already."""
     from jobs.service import serving_dashboard
 
     base = (
@@ -126,4 +144,4 @@ def dashboard_url(run_id: int) -> str:
     )
     if problem := url_problem(base):
         return f"(no dashboard link: ESLAB_DASHBOARD_URL {problem})"
-    return f"{base.rstrip('/')}/run?run={run_id}"
+    return f"{base.rstrip('/')}/{page}"

@@ -1,5 +1,6 @@
 """`eslab export`: every metric, population row and sample of a run, unsampled, as one JSON
-document, a folder of CSV files, or a self-contained HTML report."""
+document, a folder of CSV files, or a self-contained HTML report; with `--sweep`, a sweep's
+runs, one row each, as CSV, JSON or an HTML report that ranks them."""
 
 from __future__ import annotations
 
@@ -11,21 +12,26 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.cli.common import open_store
+from app.cli.common import open_store, print_error
 
 if TYPE_CHECKING:
-    from jobs.store.records import RunRecord
+    from jobs.store.records import RunRecord, SweepRecord
     from jobs.store.store import Store
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
-    export = commands.add_parser("export", help="a run's metrics, population and samples")
-    export.add_argument("run", help="run id or uuid (prefix)")
+    export = commands.add_parser(
+        "export", help="a run's metrics, population and samples, or a sweep's runs"
+    )
+    export.add_argument("run", nargs="?", help="run id or uuid (prefix)")
+    export.add_argument(
+        "--sweep", metavar="ID", help="export this sweep (id or name): one row per run instead"
+    )
     export.add_argument("--format", choices=("csv", "json", "html"), default="json")
     export.add_argument(
         "--out",
-        help="json: file (default stdout); csv: folder "
-        "(default NAME-export/); html: file (default NAME.html)",
+        help="json: file (default stdout); csv: folder (default NAME-export/), of a sweep a "
+        "file (default stdout); html: file (default NAME.html)",
     )
     export.set_defaults(func=cmd_export)
 
@@ -33,6 +39,11 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     """Every metric, population row and sample of a run, unsampled: one JSON document, or
     a folder of CSV files (metrics.csv, population.csv, samples.csv) and run.json."""
+    if (args.run is None) == (args.sweep is None):
+        print_error("give a run to export, or --sweep ID")
+        return 2
+    if args.sweep is not None:
+        return export_sweep(args)
     with open_store() as store:
         if args.format == "html":
             return _export_html(store, args)
@@ -78,12 +89,42 @@ def _export_html(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
-def default_name(run: RunRecord, suffix: str) -> str:
-    """NAME + suffix in the current folder, NAME in safe characters: a run's name is what
-    its author typed, and `../x` or `/etc/x` must not choose where the export goes."""
+def export_sweep(args: argparse.Namespace) -> int:
+    """A sweep's runs, one row each (jobs.sweeps.driver.sweep_table): a CSV table, a JSON
+    document with the sweep (its search and base configuration) and the rows, or an HTML
+    report that ranks them."""
+    from jobs.sweeps.driver import sweep_table
+
+    with open_store() as store:
+        sweep = store.get_sweep(args.sweep)
+        if args.format == "html":
+            from app.report import sweep_report
+
+            out = Path(args.out or default_name(sweep, ".html", "sweep"))
+            out.write_text(sweep_report(store, sweep.id), encoding="utf-8")
+            print(f"wrote the report of sweep {sweep.id} to {out}", file=sys.stderr)
+            return 0
+        table = sweep_table(store, sweep.id)
+    if args.format == "csv":
+        text = table.to_csv(index=False)
+    else:
+        rows = table.astype(object).where(table.notna(), None).to_dict(orient="records")
+        text = json.dumps({"sweep": _plain(asdict(sweep)), "runs": rows}, indent=1, default=str)
+        text += "\n"
+    if args.out in (None, "-"):
+        sys.stdout.write(text)
+        return 0
+    Path(args.out).write_text(text)
+    print(f"wrote {len(table)} runs of sweep {sweep.id} to {args.out}", file=sys.stderr)
+    return 0
+
+
+def default_name(record: RunRecord | SweepRecord, suffix: str, kind: str = "run") -> str:
+    """NAME + suffix in the current folder, NAME in safe characters: a run's or sweep's name
+    is what its author typed, and `../x` or `/etc/x` must not choose where the export goes."""
     from engine.filenames import safe_file_name
 
-    return safe_file_name(run.name, suffix, f"run-{run.id}")
+    return safe_file_name(record.name, suffix, f"{kind}-{record.id}")
 
 
 def _plain(record: dict) -> dict:

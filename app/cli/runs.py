@@ -1,5 +1,5 @@
 """`eslab submit | runs | cancel | resume | clone`: runs on the queue, which the scheduler of
-`eslab serve` runs as Ray jobs."""
+`eslab serve` runs as Ray jobs (`eslab cancel --sweep` cancels a sweep and its runs)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from app.cli.common import (
     load_config,
     open_store,
     print_error,
+    print_table,
 )
 from engine.config import RunConfig
 
@@ -27,8 +28,16 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     runs = commands.add_parser("runs", help="list runs: status and progress")
     runs.add_argument("--limit", type=int, default=20)
     runs.set_defaults(func=cmd_runs)
-    cancel = commands.add_parser("cancel", help="cancel a queued or running run")
-    cancel.add_argument("run", help="run id or uuid (prefix)")
+    cancel = commands.add_parser(
+        "cancel", help="cancel a queued or running run, or a sweep and its runs"
+    )
+    cancel.add_argument("run", nargs="?", help="run id or uuid (prefix)")
+    cancel.add_argument(
+        "--sweep",
+        metavar="ID",
+        help="cancel this sweep (id or name): it queues no more runs, "
+        "and its queued and running runs are cancelled",
+    )
     cancel.set_defaults(func=cmd_cancel)
     resume = commands.add_parser(
         "resume", help="queue a failed or cancelled run again from its latest checkpoint"
@@ -115,15 +124,18 @@ def cmd_runs(args: argparse.Namespace) -> int:
         )
         for r, status in zip(runs, statuses, strict=True)
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    print_table(rows)
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from jobs.store.status import RunStatus
 
+    if (args.run is None) == (args.sweep is None):
+        print_error("give a run to cancel, or --sweep ID")
+        return 2
+    if args.sweep is not None:
+        return _cancel_sweep(args.sweep)
     with open_store() as store:
         run = store.request_cancel(args.run)
     if run.status is RunStatus.CANCELLED:
@@ -140,6 +152,19 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             f"run {run.id} is cancelling: its job finishes the current step, saves a "
             "checkpoint and ends cancelled (`eslab resume` continues it)"
         )
+    return 0
+
+
+def _cancel_sweep(sweep: str) -> int:
+    from jobs.sweeps.driver import cancel_sweep
+
+    with open_store() as store:
+        record = store.get_sweep(sweep)
+        runs = cancel_sweep(store, record.id)
+    stopped = ", ".join(f"{r.id} ({r.status.value})" for r in runs) or "none was queued or running"
+    print(
+        f"sweep {record.id} '{record.name}' cancelled: it queues no more runs; its runs: {stopped}"
+    )
     return 0
 
 

@@ -17,7 +17,7 @@ from streamlit.testing.v1 import AppTest
 from app import auth
 from app.cli import main
 from app.login_throttle import LoginThrottle
-from jobs.store.status import RunStatus
+from jobs.store.status import RunStatus, SweepStatus
 from jobs.store.store import Store
 
 MAIN = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
@@ -192,12 +192,25 @@ def test_viewer_sees_no_action_buttons(store):
     assert next(b for b in at.button if b.label == "Queue run").disabled
 
 
+ACTIONS = (
+    "cancel runs",
+    "resume runs",
+    "delete runs",
+    "launch runs",
+    "start sweeps",
+    "cancel sweeps",
+    "clone runs",
+)
+"""What `act` does, in its order, as the refusals name it."""
+
+
 def act(run_id: int, dataset: str, output_dir: str, clone: bool) -> None:
     """Calls every action function directly, as a page (or a forged button) would (clone
     last: for an editor it leaves this one-page script)."""
     from app import actions
     from app.state import get_store
     from engine.config import RunConfig
+    from jobs.sweeps.spec import parse_space
 
     store = get_store()
     actions.cancel(store, run_id)
@@ -213,6 +226,12 @@ def act(run_id: int, dataset: str, output_dir: str, clone: bool) -> None:
         }
     )
     actions.launch(store, config)
+    space = {
+        "parameters": {"noise_std": {"values": [0.001, 0.002]}},
+        "objective": "train/reward/mean",
+    }
+    sweep = actions.launch_sweep(store, config, parse_space(space, config), name="sw")
+    actions.cancel_sweep(store, sweep.id if sweep else 1)
     if clone:
         actions.clone(run_id)
 
@@ -234,12 +253,9 @@ def act_as(user: auth.User, store: Store, dataset: Path, tmp_path: Path):
 def test_the_action_functions_refuse_a_viewer(store, dataset, tmp_path):
     at, run = act_as(VIEWER, store, dataset, tmp_path)
     errors = [e.value for e in at.error]
-    assert errors == [
-        f"vi is a viewer: only editors may {a} runs"
-        for a in ("cancel", "resume", "delete", "launch", "clone")
-    ]
+    assert errors == [f"vi is a viewer: only editors may {a}" for a in ACTIONS]
     assert store.get_run(run.id).status is RunStatus.RUNNING
-    assert store.count_runs() == 2
+    assert store.count_runs() == 2 and store.list_sweeps() == []
 
 
 def test_the_action_functions_let_an_editor_act(store, dataset, tmp_path):
@@ -248,6 +264,8 @@ def test_the_action_functions_let_an_editor_act(store, dataset, tmp_path):
     # resume and delete were refused by the run's status (it is not finished), not the role
     assert all("only editors" not in e.value for e in at.error)
     assert store.count_runs() == 3  # the launched run
+    (sweep,) = store.list_sweeps()  # started and cancelled, as its author
+    assert (sweep.created_by, sweep.status) == ("ed", SweepStatus.CANCELLED)
 
 
 def test_editor_cancels_from_the_run_page(store):
@@ -359,10 +377,7 @@ def test_a_demoted_editor_is_refused_at_the_next_action(store, dataset, tmp_path
     at.session_state[auth.SESSION_KEY] = session_of(EDITOR)  # logged in as an editor
     at.run()
     assert not at.exception
-    assert [e.value for e in at.error] == [
-        f"ed is a viewer: only editors may {a} runs"
-        for a in ("cancel", "resume", "delete", "launch", "clone")
-    ]
+    assert [e.value for e in at.error] == [f"ed is a viewer: only editors may {a}" for a in ACTIONS]
     assert store.get_run(run.id).status is RunStatus.RUNNING
     assert store.count_runs() == 2
 

@@ -1,4 +1,5 @@
-"""Databases and Ray for the jobs tests.
+"""Databases, the `eslab` command's database and run file (`db`, `config_file`) and Ray for
+the jobs tests.
 
 `db_url` / `store` run every store test twice: on a SQLite file and on PostgreSQL, started
 here from Debian's `postgresql` package on 127.0.0.1 (one server per session, one fresh
@@ -19,9 +20,12 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
+from engine.data.datasets import Example, write_dataset
 from jobs.store.migrate import upgrade
 from jobs.store.store import Store
+from tests.model_folders import DEFAULT_MODEL, placeholder_model
 from tests.outputs import allow_temporary_outputs  # noqa: F401 (an autouse fixture)
 
 PG_USER = "eslab"
@@ -150,6 +154,48 @@ def store(db_url) -> Iterator[Store]:
     store = Store(db_url)
     yield store
     store.close()
+
+
+# -- the eslab command ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def db(sqlite_store, sqlite_url, monkeypatch, tmp_path):
+    monkeypatch.setenv("ESLAB_DATABASE_URL", sqlite_url)
+    monkeypatch.delenv("ESLAB_DASHBOARD_URL", raising=False)
+    # a data folder of its own: no `eslab serve` of this machine records its address there;
+    # the default model's folder in it, as queueing checks it (no run here loads it)
+    monkeypatch.setenv("ESLAB_DATA_DIR", str(tmp_path / "data"))
+    placeholder_model(tmp_path / "data" / "models" / DEFAULT_MODEL)
+    return sqlite_store
+
+
+@pytest.fixture
+def config_file(tmp_path):
+    train = write_dataset(
+        [
+            Example(
+                prompt=[{"role": "user", "content": f"say {i}"}], reward_func_args={"target": "ok"}
+            )
+            for i in range(8)
+        ],
+        tmp_path / "train.parquet",
+    )
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "method": "es",
+                "train_file": str(train),
+                "output_dir": str(tmp_path / "out"),
+                "reward_func_path": "engine.rewards.conciseness.compute_score",
+                "data_batch_size": 4,
+                "num_train_epochs": 2,
+                "population_size": 4,
+            }
+        )
+    )
+    return path
 
 
 # -- Ray -----------------------------------------------------------------------------------

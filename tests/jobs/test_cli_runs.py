@@ -11,12 +11,8 @@ import sys
 import urllib.request
 import uuid
 
-import pytest
-import yaml
-
 from app.cli import main
 from app.cli.common import dashboard_url
-from engine.data.datasets import Example, write_dataset
 from engine.paths import PROJECT_ROOT
 from engine.sink import PopulationRecord, SampleRecord, StepReport
 from jobs import phases
@@ -24,46 +20,6 @@ from jobs.service import dashboard_address, recorded_dashboard
 from jobs.store.status import RunStatus
 from tests.jobs.conftest import free_port
 from tests.jobs.helpers import wait_for
-from tests.model_folders import DEFAULT_MODEL, placeholder_model
-
-
-@pytest.fixture
-def db(sqlite_store, sqlite_url, monkeypatch, tmp_path):
-    monkeypatch.setenv("ESLAB_DATABASE_URL", sqlite_url)
-    monkeypatch.delenv("ESLAB_DASHBOARD_URL", raising=False)
-    # a data folder of its own: no `eslab serve` of this machine records its address there;
-    # the default model's folder in it, as queueing checks it (no run here loads it)
-    monkeypatch.setenv("ESLAB_DATA_DIR", str(tmp_path / "data"))
-    placeholder_model(tmp_path / "data" / "models" / DEFAULT_MODEL)
-    return sqlite_store
-
-
-@pytest.fixture
-def config_file(tmp_path):
-    train = write_dataset(
-        [
-            Example(
-                prompt=[{"role": "user", "content": f"say {i}"}], reward_func_args={"target": "ok"}
-            )
-            for i in range(8)
-        ],
-        tmp_path / "train.parquet",
-    )
-    path = tmp_path / "run.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "method": "es",
-                "train_file": str(train),
-                "output_dir": str(tmp_path / "out"),
-                "reward_func_path": "engine.rewards.conciseness.compute_score",
-                "data_batch_size": 4,
-                "num_train_epochs": 2,
-                "population_size": 4,
-            }
-        )
-    )
-    return path
 
 
 def run_cli(capsys, *argv):
