@@ -19,7 +19,7 @@ an active sweep, and a status moves only from the one it was read in.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -131,7 +131,7 @@ def advance(store: Store, sweep: SweepRecord) -> None:
     runs = store.sweep_runs(sweep.id)
     curves = store.metric_curves([r.id for r in runs], spec.objective.metric)
     trials = read_trials(store, spec, sweep_base(sweep), runs, curves)
-    trials = stop_early(store, spec, trials)
+    trials = stop_early(store, spec, trials, curves)
     history = [t.trial for t in trials]
     live = sum(1 for t in trials if not t.run.status.is_terminal())  # queued, running, stopping
     while live < spec.parallel:
@@ -151,15 +151,23 @@ def advance(store: Store, sweep: SweepRecord) -> None:
         live += state == "running"
 
 
-def stop_early(store: Store, spec: SweepSpec, trials: list[SweepTrial]) -> list[SweepTrial]:
+def stop_early(
+    store: Store,
+    spec: SweepSpec,
+    trials: list[SweepTrial],
+    objective_curves: Mapping[int, Mapping[int, float]],
+) -> list[SweepTrial]:
     """Cancel each running run that the sweep's early-stopping rule gives up on, with the
     rule's reason as an event of the run; the trials with those marked pruned."""
     rule = spec.early_stopping
-    running = [t for t in trials if t.run.status is RunStatus.RUNNING]
-    if rule is None or not running:
+    if rule is None or not any(t.run.status is RunStatus.RUNNING for t in trials):
         return trials
     runs = [t.run for t in trials]
-    curves = store.metric_curves([r.id for r in runs], rule.metric)
+    curves = (
+        objective_curves
+        if rule.metric == spec.objective.metric
+        else store.metric_curves([r.id for r in runs], rule.metric)
+    )
     out = []
     for t in trials:
         if t.run.status is RunStatus.RUNNING:

@@ -10,12 +10,7 @@ Two real runs, each starting a vLLM engine (about 30 s on a quiet 2-core CPU): m
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,17 +19,16 @@ import pytest
 from app import auth
 from app.forms import label
 from engine.config import config_fields
-from engine.paths import PROJECT_ROOT
 from jobs.phases import STARTING_ENGINE
 from jobs.store.migrate import upgrade
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
-from tests.app.browser import free_port, playwright_or_skip, shots_folder
+from tests.app.browser import playwright_or_skip, shots_folder
+from tests.app.serving import eslab_serve, serve_env
 
 pytestmark = pytest.mark.heavy
 playwright_api = playwright_or_skip()
 
-ESLAB = str(Path(sys.executable).with_name("eslab"))
 PASSWORDS = {"ed": "editor-pass", "vi": "viewer-pass"}
 RUN_DEADLINE_S = 420  # one tiny run, engine start included, on a busy 2-core CPU
 VIEWPORT = {"width": 1400, "height": 1800}  # Streamlit scrolls inside: a tall shot
@@ -42,58 +36,16 @@ VIEWPORT = {"width": 1400, "height": 1800}  # Streamlit scrolls inside: a tall s
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> Iterator[tuple[str, str, Path]]:
-    """(dashboard URL, database URL, tmp folder) of an `eslab serve` in a session of its
-    own; stopped with Ctrl-C (SIGINT to its group) so that it stops its Ray head."""
+    """(dashboard URL, database URL, tmp folder) of an `eslab serve` with logins."""
     tmp = tmp_path_factory.mktemp("e2e")
     db_url = f"sqlite:///{tmp / 'eslab.db'}"
     upgrade(db_url)
     users = tmp / "users.yaml"
     for name, role in (("ed", "editor"), ("vi", "viewer")):
         auth.add_user(users, name, role, PASSWORDS[name])
-    port = free_port()
-    env = {
-        **os.environ,
-        "ESLAB_DATABASE_URL": db_url,
-        "ESLAB_AUTH_FILE": str(users),
-        "PYTHONPATH": str(PROJECT_ROOT),
-        "ESLAB_SCHEDULER_TICK_S": "0.5",
-        "ESLAB_HEARTBEAT_S": "1",
-        "ESLAB_STOP_WAIT_S": "20",
-    }
-    env.pop("RAY_ADDRESS", None)
-    log = (tmp / "serve.log").open("w")
-    process = subprocess.Popen(
-        [ESLAB, "serve", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while not _answers(f"{base}/_stcore/health"):
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("eslab serve did not start: " + (tmp / "serve.log").read_text())
-            time.sleep(0.5)
+    env = serve_env(db_url, ESLAB_AUTH_FILE=str(users))
+    with eslab_serve(env, tmp / "serve.log") as base:
         yield base, db_url, tmp
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGINT)
-            try:
-                process.wait(120)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        log.close()
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def login(browser, url: str, name: str):
