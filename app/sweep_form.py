@@ -27,6 +27,7 @@ from engine.model_files import ModelError
 from engine.rewards import RewardError
 from jobs.store.errors import StoreError
 from jobs.store.store import Store
+from jobs.sweeps.driver import trial_name
 from jobs.sweeps.options import NOT_SWEPT
 from jobs.sweeps.spec import (
     METHODS,
@@ -385,7 +386,8 @@ def _summary(config: RunConfig, spec: SweepSpec) -> None:
     st.caption(
         inert(
             f"{spec.method} search, up to {spec.budget} runs, {spec.parallel} at a time. The "
-            f"sweep takes the run's name: {name}; its runs are {name}-t001, {name}-t002, ... "
+            f"sweep takes the run's name: {name}; its runs are {trial_name(name, 0)}, "
+            f"{trial_name(name, 1)}, ... "
             f"each in a folder of its own under {config.data.output_dir}."
         )
     )

@@ -3,6 +3,7 @@ best one a click away, the top k to Compare), the swept options against the obje
 search as YAML, cancel, and downloads. While the sweep is active its part that changes
 refreshes itself (a fragment on a timer), and stops once the sweep has ended."""
 
+import pandas as pd
 import streamlit as st
 
 from app import actions, auth, exports, report, sweep_view
@@ -99,7 +100,7 @@ def live() -> None:
         st.altair_chart(chart)
 
 
-def compare(table) -> None:
+def compare(table: pd.DataFrame) -> None:
     """The k best finished runs on the Compare page."""
     finished = len(sweep_view.top_ids(table, len(table)))
     if finished < 2:
