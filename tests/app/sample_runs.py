@@ -75,15 +75,16 @@ SWEEP_SPACE = {
 }
 SWEEP_TRIALS = (
     # (trial, status, train reward per step, stopped early by the sweep)
-    (1, RunStatus.SUCCEEDED, [0.1, 0.3], False),
-    (2, RunStatus.SUCCEEDED, [0.2, 0.9], False),  # the best
-    (3, RunStatus.CANCELLED, [0.1], True),
-    (4, RunStatus.RUNNING, [0.5], False),
-    (5, RunStatus.QUEUED, [], False),
-    (6, RunStatus.FAILED, [], False),
+    (0, RunStatus.SUCCEEDED, [0.1, 0.3], False),
+    (1, RunStatus.SUCCEEDED, [0.2, 0.9], False),  # the best
+    (2, RunStatus.CANCELLED, [0.1], True),
+    (3, RunStatus.RUNNING, [0.5], False),
+    (4, RunStatus.QUEUED, [], False),
+    (5, RunStatus.FAILED, [], False),
 )
-"""Six runs of a grid sweep in every state: 4 done of 6 (2 complete, 1 stopped early, 1
-failed), 1 running, 1 queued; ranked trial 2, then trial 1."""
+"""Six runs of a grid sweep (trials numbered from 0, as the driver numbers them) in every
+state: 4 done of 6 (2 complete, 1 stopped early, 1 failed), 1 running, 1 queued; ranked
+trial 1, then trial 0."""
 
 
 def add_sweep(store: Store, base: RunConfig, name: str = "noise-sweep") -> SweepRecord:
@@ -94,7 +95,7 @@ def add_sweep(store: Store, base: RunConfig, name: str = "noise-sweep") -> Sweep
     sweep = start_sweep(store, base, spec, name=name)
     points = list(grid_points(spec.parameters))
     for trial, status, rewards, pruned in SWEEP_TRIALS:
-        config = trial_config(base, {**points[trial - 1], "run_name": trial_name(name, trial)})
+        config = trial_config(base, {**points[trial], "run_name": trial_name(name, trial)})
         run = store.create_run(
             name=trial_name(name, trial),
             method=config.method,

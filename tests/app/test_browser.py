@@ -204,11 +204,11 @@ def test_the_sweep_page_in_chromium(server, browser, shots):
     cells = page.locator("[data-testid='stDataFrame'] [role='gridcell']")
     playwright_api.expect(cells.first).to_be_attached(timeout=30_000)
     names = [t for t in cells.all_inner_texts() if t.startswith("noise-sweep-t")]
-    assert names[:2] == ["noise-sweep-t002", "noise-sweep-t001"]
+    assert names[:2] == ["noise-sweep-t001", "noise-sweep-t000"]
     page.screenshot(path=shots / "sweep.png", full_page=True)
 
-    page.get_by_role("link", name=re.compile("Best run: noise-sweep-t002")).click()
-    page.get_by_role("heading", name="noise-sweep-t002").wait_for(timeout=30_000)
+    page.get_by_role("link", name=re.compile("Best run: noise-sweep-t001")).click()
+    page.get_by_role("heading", name="noise-sweep-t001").wait_for(timeout=30_000)
     assert re.search(r"/run\?run=4$", page.url), page.url
 
 

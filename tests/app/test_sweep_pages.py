@@ -26,7 +26,7 @@ from tests.app.conftest import REWARD, make_config
 from tests.app.sample_runs import SWEEP_TRIALS, add_sweep
 from tests.app.test_pages import MAIN, TIMEOUT, page
 
-RANKED = ["noise-sweep-t002", "noise-sweep-t001"]  # by train reward at the last step: 0.9, 0.3
+RANKED = ["noise-sweep-t001", "noise-sweep-t000"]  # by train reward at the last step: 0.9, 0.3
 
 
 @pytest.fixture
@@ -84,8 +84,8 @@ def test_the_sweep_page_ranks_the_runs_best_first_and_counts_them(store, sweep):
         "Stopped early": "1",
         "Failed": "1",
     }
-    best = named(store, "noise-sweep-t002")
-    assert links(at)[f"Best run: noise-sweep-t002 (#{best.id}), train/reward/mean 0.9"] == (
+    best = named(store, "noise-sweep-t001")
+    assert links(at)[f"Best run: noise-sweep-t001 (#{best.id}), train/reward/mean 0.9"] == (
         f"run?run={best.id}"
     )
     assert len(at.get("vega_lite_chart")) == 1  # the options against the objective
@@ -94,8 +94,8 @@ def test_the_sweep_page_ranks_the_runs_best_first_and_counts_them(store, sweep):
 
 
 def test_compare_the_top_k_follows_the_url(store, sweep):
-    second = named(store, "noise-sweep-t001").id
-    best = named(store, "noise-sweep-t002").id
+    second = named(store, "noise-sweep-t000").id
+    best = named(store, "noise-sweep-t001").id
     at = page("app_pages/sweep.py", sweep=str(sweep.id), top="2")
     assert not at.exception
     assert at.number_input(key="top").value == 2
@@ -123,9 +123,9 @@ def test_an_editor_cancels_the_sweep_and_its_live_runs(store, sweep):
     assert not at.exception, at.exception
     assert store.get_sweep(sweep.id).status is SweepStatus.CANCELLED
     statuses = {r.name: r.status for r in store.sweep_runs(sweep.id)}
-    assert statuses["noise-sweep-t004"] is RunStatus.CANCELLING  # was running
-    assert statuses["noise-sweep-t005"] is RunStatus.CANCELLED  # was queued
-    assert statuses["noise-sweep-t002"] is RunStatus.SUCCEEDED
+    assert statuses["noise-sweep-t003"] is RunStatus.CANCELLING  # was running
+    assert statuses["noise-sweep-t004"] is RunStatus.CANCELLED  # was queued
+    assert statuses["noise-sweep-t001"] is RunStatus.SUCCEEDED
     assert not [b for b in at.button if b.key == "sweep_cancel"]  # nothing left to cancel
 
 
@@ -157,11 +157,11 @@ def test_the_sweeps_list_and_the_runs_page_link_to_the_sweep(store, sweep):
 
     runs = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run().dataframe[0].value
     by_name = dict(zip(runs["name"], runs["sweep"], strict=True))
-    assert by_name["noise-sweep-t001"] == f"/sweep?sweep={sweep.id}"
+    assert by_name["noise-sweep-t000"] == f"/sweep?sweep={sweep.id}"
     assert pd.isna(by_name["alpha-run"])  # the table's placeholder shows MISSING ("-")
 
-    trial = page("app_pages/run.py", run=str(named(store, "noise-sweep-t001").id))
-    assert links(trial)["Trial 1 of sweep noise-sweep"] == f"sweep?sweep={sweep.id}"
+    trial = page("app_pages/run.py", run=str(named(store, "noise-sweep-t000").id))
+    assert links(trial)["Trial 0 of sweep noise-sweep"] == f"sweep?sweep={sweep.id}"
 
 
 # -- the New run page's Sweep section ---------------------------------------------------
