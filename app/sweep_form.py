@@ -186,7 +186,9 @@ def render(method: str, errors: dict[str, str]) -> None:
 
 
 def _yaml_source(errors: dict[str, str]) -> None:
-    upload = st.file_uploader("Upload a space file", type=["yaml", "yml"], key=YAML_FILE)
+    upload = st.file_uploader(
+        "Upload a space file", type=["yaml", "yml"], key=YAML_FILE, max_upload_size=1
+    )
     if upload is not None and st.session_state.get(PREFIX + "yaml_done") != upload.file_id:
         st.session_state[PREFIX + "yaml_done"] = upload.file_id
         st.session_state[YAML_TEXT] = upload.getvalue().decode("utf-8", errors="replace")

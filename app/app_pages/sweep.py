@@ -9,10 +9,9 @@ import streamlit as st
 from app import actions, auth, exports, report, sweep_view
 from app.state import get_store
 from app.views import MISSING, id_param, inert, number, show_error
-from engine.config import RunConfig
 from jobs.store.errors import StoreError
 from jobs.store.status import SweepStatus
-from jobs.sweeps.driver import sweep_table
+from jobs.sweeps.driver import sweep_base, sweep_table
 from jobs.sweeps.spec import SweepSpec
 
 REFRESH_SECONDS = 5
@@ -133,7 +132,7 @@ space_tab, base_tab, export_tab = st.tabs(
 with space_tab:
     st.code(spec.to_yaml(), language="yaml")
 with base_tab:
-    st.code(RunConfig.from_flat(sweep.base_config).to_yaml(), language="yaml")
+    st.code(sweep_base(sweep).to_yaml(), language="yaml")
 with export_tab:
     st.download_button(
         "Runs as CSV",

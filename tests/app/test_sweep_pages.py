@@ -236,7 +236,7 @@ def test_launching_from_the_form_starts_the_sweep_and_opens_its_page(
     assert store.count_runs() == 2  # the scheduler queues its runs, not the form
 
 
-def test_a_pasted_space_yaml_launches_too_and_its_errors_name_the_field(
+def test_a_pasted_or_uploaded_space_yaml_launches_too_and_its_errors_name_the_field(
     store, dataset, data_folder, tmp_path
 ):
     at = filled_form(dataset, data_folder, tmp_path)
@@ -248,7 +248,11 @@ def test_a_pasted_space_yaml_launches_too_and_its_errors_name_the_field(
     at.text_area(key=sweep_form.YAML_TEXT).input(space).run()
     launch(at)
     assert any(e.startswith("budget is required with method random") for e in errors(at))
-    at.text_area(key=sweep_form.YAML_TEXT).input(space + "budget: 3\n").run()
+    at.file_uploader(key=sweep_form.YAML_FILE).upload(
+        "space.yaml", (space + "budget: 3\n").encode()
+    )
+    at.run()
+    assert at.text_area(key=sweep_form.YAML_TEXT).value == space + "budget: 3\n"  # to edit
     launch(at)
     assert not at.exception, at.exception
     [sweep] = store.list_sweeps()
