@@ -265,3 +265,32 @@ def test_a_viewer_cannot_launch_a_sweep(store, sweep, tmp_path, monkeypatch):
     at = at.switch_page("app_pages/new_run.py").run()
     assert not at.exception
     assert next(b for b in at.button if b.label == "Launch sweep").disabled
+
+
+def test_the_chart_of_one_option_is_a_scatter_and_of_a_log_range_a_log_axis():
+    from app.sweep_view import coordinates, options_chart
+    from jobs.sweeps.spec import Objective, Parameter
+
+    table = pd.DataFrame(
+        {
+            "trial": [0, 1, 2, 3],
+            "run_id": [10, 11, 12, 13],
+            "run": ["a", "b", "c", "d"],
+            "status": ["succeeded", "succeeded", "running", "queued"],
+            "state": ["complete", "complete", "running", "running"],
+            "noise_std": [1e-4, 1e-2, 1e-3, 1e-3],
+            "objective": [0.5, 0.7, 0.6, None],
+            "rank": pd.array([2, 1, None, None], dtype="Int64"),
+        }
+    )
+    noise = Parameter("noise_std", low=1e-4, high=1e-2, log=True)
+    spec = SweepSpec("random", (noise,), Objective("train/reward/mean"), budget=3)
+    chart = options_chart(table, spec).to_dict()
+    assert chart["mark"]["type"] == "point"
+    assert chart["encoding"]["x"]["scale"]["type"] == "log"
+    lines, ticks = coordinates(table, [noise])
+    on_axis = lines[lines["axis"] == "noise_std"].set_index("run")["position"]
+    # on a log scale 1e-3 lies halfway; d has no objective yet: not drawn
+    assert on_axis.to_dict() == {"a (#10)": 0.0, "b (#11)": 1.0, "c (#12)": pytest.approx(0.5)}
+    assert list(ticks[ticks["axis"] == "noise_std"]["label"]) == ["0.0001", "0.01"]
+    assert options_chart(table.assign(objective=None), spec) is None
