@@ -25,6 +25,7 @@ from jobs.sweeps.spec import SweepSpec
 RUN_PAGE = "app_pages/run.py"
 NEW_PAGE = "app_pages/new_run.py"
 COMPARE_PAGE = "app_pages/compare.py"
+SWEEP_PAGE = "app_pages/sweep.py"
 
 
 def allowed(action: str) -> bool:

@@ -141,3 +141,62 @@ def frame(buckets: list[dict], x: str = "step", smoothing: float = 0.0) -> pd.Da
     if smoothing > 0 and not df.empty:
         df["value"] = ema(df["value"], smoothing).to_numpy()
     return df
+
+
+def parallel_coordinates(
+    lines: pd.DataFrame, ticks: pd.DataFrame, axes: Sequence[str], title: str, mode: str
+) -> alt.Chart:
+    """One line per run across `axes` (each normalised to 0..1 beforehand, its labels in
+    `ticks`), coloured by the objective, brighter the better by `mode`, the best run drawn
+    thicker; hovering a line names the run and its value on each axis."""
+    x = alt.X("axis:N", sort=list(axes), title=None, axis=alt.Axis(labelAngle=0))
+    y = alt.Y("position:Q", axis=None, scale=alt.Scale(domain=[0, 1]))
+    rules = (
+        alt.Chart(pd.DataFrame({"axis": list(axes), "position": 0.0, "top": 1.0}))
+        .mark_rule(color="gray", opacity=0.6)
+        .encode(x=x, y=y, y2="top:Q")
+    )
+    runs = (
+        alt.Chart(lines)
+        .mark_line(opacity=0.8)
+        .encode(
+            x=x,
+            y=y,
+            detail="run:N",
+            color=alt.Color(
+                "objective:Q",
+                title="objective",
+                scale=alt.Scale(scheme="viridis", reverse=mode == "min"),
+            ),
+            strokeWidth=alt.condition("datum.best", alt.value(4), alt.value(1.5)),
+            tooltip=["run", "axis", "value", alt.Tooltip("objective:Q", format=".4g")],
+        )
+    )
+    labels = (
+        alt.Chart(ticks)
+        .mark_text(align="left", dx=4, fontSize=10, color="gray")
+        .encode(x=x, y=y, text="label:N")
+    )
+    return alt.layer(rules, runs, labels).properties(title=chart_title(title), height=320)
+
+
+def objective_scatter(
+    runs: pd.DataFrame, option: str, numeric: bool, log: bool, title: str
+) -> alt.Chart:
+    """The objective of each run against the one swept option (a log axis where the option
+    is drawn on one), coloured by the run's status; the best run drawn larger."""
+    kind = "Q" if numeric else "N"
+    scale = alt.Scale(type="log") if log else alt.Scale(zero=False)
+    x = alt.X(f"{option}:{kind}", title=option, **({"scale": scale} if numeric else {}))
+    return (
+        alt.Chart(runs)
+        .mark_point(filled=True)
+        .encode(
+            x=x,
+            y=alt.Y("objective:Q", title="objective", scale=alt.Scale(zero=False)),
+            color=alt.Color("status:N", title=None),
+            size=alt.condition("datum.best", alt.value(160), alt.value(60)),
+            tooltip=["run", option, alt.Tooltip("objective:Q", format=".4g"), "status"],
+        )
+        .properties(title=chart_title(title), height=320)
+    )

@@ -1,5 +1,5 @@
-"""Full-resolution downloads of a run (what `eslab export` writes), built only when the
-user clicks (deferred download data), never on a rerun, and their file names.
+"""Full-resolution downloads of a run and a sweep's table (what `eslab export` writes), built
+only when the user clicks (deferred download data), never on a rerun, and their file names.
 
 A checkpoint is offered as a tar only up to ESLAB_MAX_DOWNLOAD_MB (default 1024 MiB). The
 installed Streamlit's download button cannot stream: whatever its callable returns (bytes or
@@ -24,8 +24,9 @@ import pandas as pd
 from engine.data.uploads import MIB, positive_setting
 from engine.filenames import safe_file_name
 from engine.paths import data_dir, resolve_path
-from jobs.store.records import RunRecord
+from jobs.store.records import RunRecord, SweepRecord
 from jobs.store.store import Store
+from jobs.sweeps.driver import sweep_table
 
 MAX_DOWNLOAD_ENV = "ESLAB_MAX_DOWNLOAD_MB"
 DEFAULT_MAX_DOWNLOAD_MB = 1024
@@ -44,6 +45,25 @@ def run_json(store: Store, run_id: int) -> str:
 def metrics_csv(store: Store, run_id: int) -> str:
     """One row per (key, step) at full resolution."""
     return pd.DataFrame(store.export_run(run_id).metrics).to_csv(index=False)
+
+
+def sweep_csv(store: Store, sweep_id: int) -> str:
+    """One row per run of the sweep (jobs.sweeps.driver.sweep_table)."""
+    return sweep_table(store, sweep_id).to_csv(index=False)
+
+
+def sweep_json(store: Store, sweep_id: int) -> str:
+    """The sweep (its search and base configuration) and its runs, one row each."""
+    sweep = store.get_sweep(sweep_id)
+    table = sweep_table(store, sweep.id)
+    rows = table.astype(object).where(table.notna(), None).to_dict(orient="records")
+    record = {k: v.isoformat() if hasattr(v, "isoformat") else v for k, v in asdict(sweep).items()}
+    return json.dumps({"sweep": record, "runs": rows}, indent=1, default=str) + "\n"
+
+
+def sweep_file_name(sweep: SweepRecord, suffix: str) -> str:
+    """`sweep-ID-NAME SUFFIX` in safe characters, as a run's downloads are named."""
+    return safe_file_name(f"sweep-{sweep.id}-{sweep.name}", suffix)
 
 
 def file_name(run: RunRecord, suffix: str, part: str = "") -> str:

@@ -33,6 +33,8 @@ from jobs.store.store import Store
 from jobs.uploads import clean_uploads
 
 PREFIX = "new_"
+ERRORS = PREFIX + "errors"
+"""The problems of the last refused submit, by field; shown until the form is fixed."""
 # Fields that offer what the data folder holds (any other value may still be typed).
 OFFERS: dict[str, Callable[[], list[str]]] = {
     "model": model_folders,

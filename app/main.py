@@ -9,8 +9,10 @@ from app.login import login_gate, sidebar
 st.set_page_config(page_title="ES Lab", layout="wide")
 pages = [
     st.Page("app_pages/runs.py", title="Runs", icon=":material/list:", default=True),
+    st.Page("app_pages/sweeps.py", title="Sweeps", icon=":material/tune:", url_path="sweeps"),
     st.Page("app_pages/new_run.py", title="New run", icon=":material/add:", url_path="new"),
     st.Page("app_pages/run.py", title="Run", icon=":material/monitoring:", url_path="run"),
+    st.Page("app_pages/sweep.py", title="Sweep", icon=":material/insights:", url_path="sweep"),
     st.Page("app_pages/compare.py", title="Compare", icon=":material/compare:", url_path="compare"),
     st.Page("app_pages/samples.py", title="Samples", icon=":material/article:", url_path="samples"),
 ]

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 import altair as alt
 
 from app import run_charts
+from app.sweep_view import ranked
 from app.views import MISSING, cell, duration, elapsed, mode
 from engine import metrics as mk
 from engine.extras import require
@@ -161,7 +162,7 @@ def sweep_report(store: Store, sweep_id: int | str) -> str:
 
     sweep = store.get_sweep(sweep_id)
     spec = SweepSpec.from_dict(sweep.spec)
-    table = sweep_table(store, sweep.id).sort_values(["rank", "trial"], na_position="last")
+    table = ranked(sweep_table(store, sweep.id))
     objective = spec.objective
     summary = [
         ("status", sweep.status.value),

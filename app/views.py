@@ -48,22 +48,22 @@ def whole_number(text: str, maximum: int = MAX_ID) -> int | None:
     return number if 1 <= number <= maximum else None
 
 
-def id_params(name: str) -> list[int]:
-    """The run ids of `?name=ID,ID,...` (none when absent). Anything else than plain decimal
-    numbers stops the page with a message saying what the address needs."""
+def id_params(name: str, what: str = "run") -> list[int]:
+    """The ids (of runs, or of `what`) of `?name=ID,ID,...` (none when absent). Anything else
+    than plain decimal numbers stops the page with a message saying what the address needs."""
     ids = [whole_number(x) for x in param_list(name)]
     if None in ids:
         st.error(
-            f"This page's address has a bad `{name}` value: it takes run ids, plain decimal "
+            f"This page's address has a bad `{name}` value: it takes {what} ids, plain decimal "
             f"numbers such as `?{name}=12`."
         )
         st.stop()
     return [i for i in ids if i is not None]
 
 
-def id_param(name: str) -> int | None:
-    """The run id of `?name=ID`, None when absent; otherwise as `id_params`."""
-    ids = id_params(name)
+def id_param(name: str, what: str = "run") -> int | None:
+    """The id of `?name=ID`, None when absent; otherwise as `id_params`."""
+    ids = id_params(name, what)
     if len(ids) > 1:
         st.error(f"This page's address has several `{name}` ids: it takes one, e.g. `?{name}=12`.")
         st.stop()

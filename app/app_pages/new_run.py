@@ -2,15 +2,16 @@
 needs, and a button that generates its missing data), YAML in and out, a parquet upload
 (editors only, size-capped, kept only once it loads as a dataset);
 submitting queues the run the way `eslab submit` does and opens its page. `?clone=ID`
-starts from another run's config."""
+starts from another run's config. Below the form, the Sweep section (app/sweep_form.py)
+starts a sweep over the form's configuration instead; `?sweep=1` opens with it on."""
 
 import uuid
 
 import streamlit as st
 
-from app import actions, auth, forms, presets_view
+from app import actions, auth, forms, presets_view, sweep_form
 from app.state import get_store
-from app.views import id_param, inert, show_error
+from app.views import id_param, inert, param, show_error
 from engine.config import ConfigError, config_fields
 from engine.data.datasets import DatasetError
 from engine.data.uploads import MIB, max_upload_mb
@@ -27,7 +28,9 @@ store = get_store()
 # Streamlit forgets widget values once their page is left: a fresh form starts over.
 fresh = forms.key("method") not in st.session_state
 if fresh:
-    st.session_state["new_errors"] = {}
+    st.session_state[forms.ERRORS] = {}
+    st.session_state[sweep_form.ON] = param("sweep") == "1"
+    st.session_state[sweep_form.TRIED] = False
 clone = id_param("clone")
 if clone and (fresh or st.session_state.get("new_cloned") != clone):
     try:
@@ -44,7 +47,7 @@ if clone and (fresh or st.session_state.get("new_cloned") != clone):
         }
     )
     st.session_state["new_cloned"] = clone
-    st.session_state["new_errors"] = {}
+    st.session_state[forms.ERRORS] = {}
 forms.ensure_defaults()
 if clone:
     st.info(f"Cloning run {inert(clone)}: change what you need and queue it.")
@@ -63,7 +66,7 @@ def _preset() -> None:
     if name:
         forms.load_into_form({**load_preset(name).to_flat(), "run_name": None, "output_dir": None})
         forms.name_the_run(name)
-        st.session_state["new_errors"] = {}
+        st.session_state[forms.ERRORS] = {}
 
 
 def _reward() -> None:
@@ -94,7 +97,7 @@ with st.container(border=True):
     if imported is not None and st.session_state.get("new_yaml_done") != imported.file_id:
         st.session_state["new_yaml_done"] = imported.file_id
         if imported.size > YAML_UPLOAD_MB * MIB:  # the widget's limit is the browser's
-            st.session_state["new_errors"] = {
+            st.session_state[forms.ERRORS] = {
                 "config": f"{imported.name}: a run configuration may be at most "
                 f"{YAML_UPLOAD_MB} MiB, got {imported.size / MIB:.1f} MiB"
             }
@@ -102,9 +105,9 @@ with st.container(border=True):
             try:
                 forms.load_into_form(forms.parse_yaml(imported.getvalue(), imported.name))
                 forms.name_the_run(str(st.session_state[forms.key("method")]))
-                st.session_state["new_errors"] = forms.validate(forms.form_values())[1]
+                st.session_state[forms.ERRORS] = forms.validate(forms.form_values())[1]
             except ConfigError as exc:
-                st.session_state["new_errors"] = {e.field: e.message for e in exc.errors}
+                st.session_state[forms.ERRORS] = {e.field: e.message for e in exc.errors}
     upload = st.file_uploader(
         "Upload a training dataset (parquet: prompt, reward_func_args)",
         type=["parquet"],
@@ -121,7 +124,7 @@ if st.session_state.get("new_preset"):
 
 # Validate what the widgets hold now; once a submit has failed, errors follow every edit.
 config, problems = forms.validate(forms.form_values())
-errors: dict[str, str] = st.session_state.get("new_errors", {})
+errors: dict[str, str] = st.session_state.get(forms.ERRORS, {})
 if errors:
     # Keep what live validation cannot re-check: YAML problems and a busy output_dir.
     schema = {f.name for f in config_fields()} - {"output_dir"}
@@ -142,7 +145,7 @@ if config is not None:
     )
 if left.button("Queue run", type="primary", icon=":material/rocket_launch:", disabled=not editor):
     if problems:
-        st.session_state["new_errors"] = problems
+        st.session_state[forms.ERRORS] = problems
         st.rerun()
     try:
         run = actions.launch(
@@ -152,15 +155,17 @@ if left.button("Queue run", type="primary", icon=":material/rocket_launch:", dis
             tags=[t.strip() for t in tags.split(",") if t.strip()],
         )
     except ConfigError as exc:
-        st.session_state["new_errors"] = {e.field: e.message for e in exc.errors}
+        st.session_state[forms.ERRORS] = {e.field: e.message for e in exc.errors}
         st.rerun()
     except (DatasetError, RewardError, ModelError, StoreError) as exc:
         show_error(exc)
     else:
         if run is not None:  # None: refused, and actions.launch said why
-            st.session_state["new_errors"] = {}
+            st.session_state[forms.ERRORS] = {}
             st.switch_page(actions.RUN_PAGE, query_params={"run": str(run.id)})
 if errors:
     st.error(
         inert(f"{len(errors)} problem(s): " + "; ".join(f"{k}: {v}" for k, v in errors.items()))
     )
+
+sweep_form.section(store, config, problems, editor)

@@ -1,5 +1,6 @@
-"""Run (`?run=ID`): status and actions, live charts (a fragment that refreshes itself while
-the run is live), and tabs for configuration, samples, LBES, events and checkpoints."""
+"""Run (`?run=ID`): status and actions (and, for a sweep's run, a link to its sweep), live
+charts (a fragment that refreshes itself while the run is live), and tabs for configuration,
+samples, LBES, events and checkpoints."""
 
 import pandas as pd
 import streamlit as st
@@ -84,6 +85,13 @@ st.caption(
     f"run {run.id} · {run.method} · {mode(run)} · uuid {run.uuid} · "
     f"tags: {inert(', '.join(run.tags)) or MISSING}"
 )
+if run.sweep_id is not None:
+    st.page_link(
+        actions.SWEEP_PAGE,
+        label=inert(f"Trial {run.sweep_trial} of sweep {store.get_sweep(run.sweep_id).name}"),
+        icon=":material/insights:",
+        query_params={"sweep": str(run.sweep_id)},
+    )
 refresh = None if run.status.is_terminal() else REFRESH_SECONDS
 st.fragment(run_every=refresh)(status)()
 

@@ -1,4 +1,5 @@
-"""Runs: search, filter and sort every run; open, compare, cancel, clone or resume them.
+"""Runs: search, filter and sort every run; open, compare, cancel, clone or resume them; a
+sweep's run links to its sweep.
 Filters, sort and page live in the URL; one page of runs is read at a time. While a listed
 run is queued or running the table refreshes itself (a fragment on a timer), and stops when
 none is."""
@@ -126,6 +127,7 @@ def table_and_actions(refreshing: bool) -> None:
                 "train reward": lines[r.id],
                 "created": r.created_at,
                 "tags": ", ".join(r.tags) or MISSING,
+                "sweep": None if r.sweep_id is None else f"/sweep?sweep={r.sweep_id}",
                 "open": f"/run?run={r.id}",
             }
             for r in shown
@@ -142,6 +144,9 @@ def table_and_actions(refreshing: bool) -> None:
             "progress": st.column_config.ProgressColumn("progress", min_value=0, max_value=1),
             "train reward": st.column_config.LineChartColumn("train reward"),
             "created": st.column_config.DatetimeColumn("created", format="YYYY-MM-DD HH:mm"),
+            "sweep": st.column_config.LinkColumn(
+                "sweep", display_text=r"sweep=(\d+)", help="the sweep the run is a trial of"
+            ),
             "open": st.column_config.LinkColumn("open", display_text="open"),
         },
     )

@@ -92,8 +92,8 @@ def _export_html(store: Store, args: argparse.Namespace) -> int:
 def export_sweep(args: argparse.Namespace) -> int:
     """A sweep's runs, one row each (jobs.sweeps.driver.sweep_table): a CSV table, a JSON
     document with the sweep (its search and base configuration) and the rows, or an HTML
-    report that ranks them."""
-    from jobs.sweeps.driver import sweep_table
+    report that ranks them; the files the Sweep page downloads (app.exports)."""
+    from app.exports import sweep_csv, sweep_json
 
     with open_store() as store:
         sweep = store.get_sweep(args.sweep)
@@ -104,18 +104,13 @@ def export_sweep(args: argparse.Namespace) -> int:
             out.write_text(sweep_report(store, sweep.id), encoding="utf-8")
             print(f"wrote the report of sweep {sweep.id} to {out}", file=sys.stderr)
             return 0
-        table = sweep_table(store, sweep.id)
-    if args.format == "csv":
-        text = table.to_csv(index=False)
-    else:
-        rows = table.astype(object).where(table.notna(), None).to_dict(orient="records")
-        text = json.dumps({"sweep": _plain(asdict(sweep)), "runs": rows}, indent=1, default=str)
-        text += "\n"
+        text = (sweep_csv if args.format == "csv" else sweep_json)(store, sweep.id)
+        count = len(store.sweep_runs(sweep.id))
     if args.out in (None, "-"):
         sys.stdout.write(text)
         return 0
     Path(args.out).write_text(text)
-    print(f"wrote {len(table)} runs of sweep {sweep.id} to {args.out}", file=sys.stderr)
+    print(f"wrote {count} runs of sweep {sweep.id} to {args.out}", file=sys.stderr)
     return 0
 
 

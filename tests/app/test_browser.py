@@ -1,8 +1,9 @@
 """The dashboard in Debian's Chromium (never a downloaded browser), driven by Playwright,
 against `streamlit run app/main.py` on a seeded database: the Runs page and a Run page
-render, a run page's URL opens the same view, and the sample inspector finds an LBES run's
-kept and dropped samples, shows a long completion whole and diffs a completion across steps.
-Screenshots go to the test's tmp folder (or $ESLAB_TEST_OUTPUT)."""
+render, a run page's URL opens the same view, the sample inspector finds an LBES run's kept
+and dropped samples, shows a long completion whole and diffs a completion across steps, and
+a sweep's page ranks its runs, draws its chart and opens its best run. Screenshots go to the
+test's tmp folder (or $ESLAB_TEST_OUTPUT)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from engine.sink import StepReport
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
 from tests.app.browser import free_port, playwright_or_skip, shots_folder
-from tests.app.sample_runs import CHANGED, END, LONG, add_lbes_samples
+from tests.app.sample_runs import CHANGED, END, LONG, add_lbes_samples, add_sweep
 
 APP = Path(__file__).resolve().parents[2] / "app" / "main.py"
 playwright_api = playwright_or_skip()
@@ -32,13 +33,15 @@ playwright_api = playwright_or_skip()
 def seeded_url(tmp_path_factory) -> str:
     """One seeded database and one server for this module (starting one costs seconds);
     the live-refresh test, which changes run 1, runs last."""
-    from tests.app.conftest import seed, write_task
+    from tests.app.conftest import make_config, seed, write_task
 
     folder = tmp_path_factory.mktemp("browser")
-    url = seed(folder, write_task(folder))
+    dataset = write_task(folder)
+    url = seed(folder, dataset)
     store = Store(url)
     try:
         add_lbes_samples(store, 2)  # beta-run: kept and dropped samples for the inspector
+        add_sweep(store, make_config(dataset, folder / "sweep"))  # sweep 1: runs 3 to 8
     finally:
         store.close()
     return url
@@ -102,7 +105,7 @@ def shots(tmp_path) -> Path:
 def test_runs_and_run_pages_in_chromium(server, browser, shots):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(f"{server}/")
-    page.get_by_text("2 runs · page 1 of 1", exact=False).wait_for(timeout=30_000)
+    page.get_by_text("8 runs · page 1 of 1", exact=False).wait_for(timeout=30_000)
     page.locator("[data-testid='stDataFrame'] canvas").first.wait_for(timeout=30_000)
     page.get_by_role("button", name="Compare").wait_for(timeout=30_000)
     page.screenshot(path=shots / "runs.png", full_page=True)
@@ -123,6 +126,8 @@ def test_runs_and_run_pages_in_chromium(server, browser, shots):
     "path, text",
     [
         ("/new", "Queue run"),
+        ("/new?sweep=1", "Launch sweep"),
+        ("/sweeps", "noise-sweep"),
         ("/compare?runs=1,2", "Only differences"),
         ("/samples?run=2&split=eval", "beta-run says 4"),
     ],
@@ -132,7 +137,7 @@ def test_other_pages_in_chromium(server, browser, shots, path, text):
     page.goto(f"{server}{path}")
     # table cells are in the DOM for accessibility but hidden under the canvas
     page.get_by_text(text).first.wait_for(state="attached", timeout=30_000)
-    page.screenshot(path=shots / f"{path.strip('/').split('?')[0]}.png")
+    page.screenshot(path=shots / f"{re.sub(r'[^a-z0-9]+', '-', path.strip('/'))}.png")
 
 
 def test_run_page_tab_comes_from_the_url(server, browser, shots):
@@ -185,6 +190,26 @@ def test_the_sample_inspector_in_chromium(server, browser, shots):
     expect(added.last).to_be_visible(timeout=30_000)
     page.get_by_text("Changes from step 1 to step 2").scroll_into_view_if_needed()
     page.screenshot(path=shots / "samples-compare.png")
+
+
+def test_the_sweep_page_in_chromium(server, browser, shots):
+    """The runs best first, the options-against-objective chart drawn, and the best run's
+    link opening its Run page."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1300})
+    page.goto(f"{server}/sweep?sweep=1")
+    page.get_by_role("heading", name="noise-sweep").wait_for(timeout=30_000)
+    chart = page.locator("[data-testid='stVegaLiteChart']").locator("svg, canvas")
+    chart.first.wait_for(timeout=30_000)
+    # the grid's cells are in the DOM for accessibility, in the order the table shows them
+    cells = page.locator("[data-testid='stDataFrame'] [role='gridcell']")
+    playwright_api.expect(cells.first).to_be_attached(timeout=30_000)
+    names = [t for t in cells.all_inner_texts() if t.startswith("noise-sweep-t")]
+    assert names[:2] == ["noise-sweep-t001", "noise-sweep-t000"]
+    page.screenshot(path=shots / "sweep.png", full_page=True)
+
+    page.get_by_role("link", name=re.compile("Best run: noise-sweep-t001")).click()
+    page.get_by_role("heading", name="noise-sweep-t001").wait_for(timeout=30_000)
+    assert re.search(r"/run\?run=4$", page.url), page.url
 
 
 def test_run_page_refreshes_itself_while_live(server, browser, seeded_url, shots):
