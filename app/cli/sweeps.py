@@ -5,6 +5,7 @@ are in runs.py and export.py."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.cli.common import (
@@ -27,7 +28,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     )
     sweep.add_argument("config", help="the base run configuration: a YAML file or a preset name")
     sweep.add_argument(
-        "--space", metavar="SPACE.yaml", help="the search: method, parameters, objective, budget"
+        "--space",
+        metavar="SPACE.yaml",
+        help="the search: method, parameters, objective, budget; a YAML file or the name of one "
+        "in engine/presets/sweeps (the presets' tuning, e.g. es-conciseness, and seeds)",
     )
     sweep.add_argument(
         "--grid",
@@ -52,13 +56,23 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     sweeps.set_defaults(func=cmd_sweeps)
 
 
+def space_file(text: str) -> str:
+    """A space file, or the name of a space that ships in engine/presets/sweeps when no such
+    file exists (as CONFIG takes a preset's name)."""
+    from engine.presets import sweep_space_names, sweep_space_path
+
+    if not Path(text).exists() and text in sweep_space_names():
+        return str(sweep_space_path(text))
+    return text
+
+
 def space_mapping(args: argparse.Namespace, base: RunConfig) -> dict[str, Any]:
     """The space file's mapping with the command line's options put in: each --grid option
     replaces the file's parameter of that name, the other options the file's keys."""
     from engine.config.yaml_io import read_yaml_file
     from jobs.sweeps.spec import SweepSpecError, grid_option
 
-    mapping: dict[str, Any] = dict(read_yaml_file(args.space)) if args.space else {}
+    mapping: dict[str, Any] = dict(read_yaml_file(space_file(args.space))) if args.space else {}
     if args.grid:
         parameters = dict(mapping.get("parameters") or {})
         for text in args.grid:

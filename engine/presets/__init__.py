@@ -11,6 +11,11 @@ the form and `eslab presets` show (the file stays a plain run configuration that
 
 A field goes on over the following lines that start with `#` and at least two spaces; any
 other line ends it. The comment may go on with free text after a bare `#` line.
+
+The sweeps that tune them live in `sweeps/` beside them (docs/sweeps.md, "Tuning the
+presets"): `sweeps/PRESET.yaml` is the search that tuned PRESET (`eslab sweep PRESET --space
+PRESET`), and the presets that have one are those meant to learn on the default model;
+`sweeps/seeds.yaml` runs a preset with three seeds.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from engine.model_files import local_model
 from engine.paths import resolve_path
 
 PRESET_DIR = Path(__file__).parent
+SWEEP_DIR = PRESET_DIR / "sweeps"
 HEADER_FIELDS = ("For", "Needs", "Data")
 _FIELD = re.compile(r"#\s?(?P<field>[A-Z][a-z]+):\s*(?P<text>.*)")
 _MORE = re.compile(r"#\s{2,}(?P<text>\S.*)")
@@ -45,6 +51,21 @@ def preset_names() -> list[str]:
 
 def preset_path(name: str) -> Path:
     return PRESET_DIR / f"{name}.yaml"
+
+
+def sweep_space_names() -> list[str]:
+    return sorted(p.stem for p in SWEEP_DIR.glob("*.yaml"))
+
+
+def sweep_space_path(name: str) -> Path:
+    return SWEEP_DIR / f"{name}.yaml"
+
+
+def tuned_presets() -> list[str]:
+    """The presets a sweep of sweeps/ tunes (one named after each): those meant to learn on
+    the default model."""
+    spaces = set(sweep_space_names())
+    return [name for name in preset_names() if name in spaces]
 
 
 def load_preset(name: str) -> RunConfig:

@@ -10,6 +10,10 @@ applied here.
 
 from __future__ import annotations
 
+OPTIMUM = 0.0
+"""The best reward there is: an answer exactly as long as the target. What a preset's curve is
+measured against (bench/preset_curves.py: how much closer to it training got)."""
+
 
 def compute_score(completion_text: str, *, target: str) -> dict:
     """Score one completion: {"reward": -|len(completion) - len(target)|, "length":

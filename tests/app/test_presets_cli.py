@@ -15,3 +15,11 @@ def test_eslab_presets_lists_each_preset_with_its_purpose_needs_and_data(capsys)
         assert all(f"Needs {need}" in flat for need in info.needs)
     assert "lbes-conciseness" in out
     assert "Data first: eslab data countdown --n-given-numbers 3 --out data/countdown3" in flat
+
+
+def test_eslab_presets_names_the_sweep_that_tunes_a_preset(capsys):
+    assert main(["presets"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    tuned = "Tuned by: eslab sweep {0} --space {0} (docs/sweeps.md, Tuning the presets)"
+    assert tuned.format("es-conciseness") in out and tuned.format("lbes-conciseness") in out
+    assert "--space es-countdown" not in out and "--space es-alignment" not in out

@@ -173,3 +173,13 @@ def test_export_a_sweep_as_csv_json_and_a_ranked_report(db, config_file, capsys,
     assert html.index("sw-t001") < html.index("sw-t000")  # ranked by the objective
     # and a run's own report names its sweep and trial
     assert ("sweep", "sw (sweep 1, active), trial 1") in summary_rows(db, db.get_run(second.id))
+
+
+def test_a_preset_is_swept_by_the_shipped_space_named_after_it_and_by_seeds(db, capsys):
+    for space in ("es-conciseness", "seeds"):
+        code, _, err = run_cli(capsys, "sweep", "es-conciseness", "--space", space, "--name", space)
+        assert code == 0, err
+    tuning, seeds = (db.get_sweep(name).spec for name in ("es-conciseness", "seeds"))
+    assert (tuning["method"], tuning["budget"], tuning["parallel"]) == ("tpe", 12, 1)
+    assert tuning["parameters"]["learning_rate"]["log"] is True
+    assert (seeds["method"], seeds["parameters"]) == ("grid", {"seed": {"values": [1, 2, 3]}})
