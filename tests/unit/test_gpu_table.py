@@ -36,6 +36,16 @@ NEW = {
             "time/restore": 0.005,
             "time/update": 0.125,
             "train/num_tokens": 32_000.0,
+            "members_per_s": 4.0,
+        },
+        {
+            "engines": 2,
+            "engines_per_gpu": 1,
+            "perturbation": "full",
+            "time/step": 4.0,
+            "time/generation": 7.5,
+            "train/num_tokens": 32_000.0,
+            "members_per_s": 8.0,
         },
         {"phase": "an iteration.py row", "seconds": 3.0},  # a row of another kind
     ],
@@ -73,8 +83,9 @@ def test_every_row_shows_its_card_version_model_mode_and_each_phase():
         "update s",
         "tokens/s",
         "utilization",
+        "members/s",
     ]
-    full, lora = cells(text)  # one engine first, then the low-rank mode
+    full, spread, lora = cells(text)  # one engine, two, then the low-rank mode
     card = ["NVIDIA H100 80GB HBM3", "0.26.0", "llama-1b-random (1.07B)"]
     assert full == [
         *card,
@@ -86,7 +97,9 @@ def test_every_row_shows_its_card_version_model_mode_and_each_phase():
         "0.12",
         "4,000",
         "0.20",
+        "4.0",
     ]
+    assert spread[3:5] == ["full, 2 engines, 1 a GPU", "4.00"] and spread[-1] == "8.0"
     assert lora == [
         *card,
         "lora r4, one call",
@@ -97,6 +110,7 @@ def test_every_row_shows_its_card_version_model_mode_and_each_phase():
         "0.12",
         "10,000",
         "0.50",
+        "-",  # a figure of the newer rows only
     ]
     assert text.startswith(
         "`results/new.json`; one call of 256 prompts: 20,000 tokens/s. A fixture"
@@ -116,6 +130,7 @@ def test_an_older_file_renders_with_dashes_for_what_it_lacks():
         "16.00",
         "8,000",
         "-",  # no batched call to compare with
+        "-",  # nor members per second
     ]
 
 
