@@ -81,15 +81,21 @@ class RayJobs:
         *,
         env_vars: dict[str, str] | None = None,
         metadata: dict[str, str] | None = None,
+        num_gpus: float = 0,
     ) -> bool:
         """Start `entrypoint` as job `submission_id`; False when that job already exists
-        (the submission happened before, e.g. by a scheduler that died right after)."""
+        (the submission happened before, e.g. by a scheduler that died right after).
+
+        num_gpus > 0 reserves that many GPUs for the job's own process, and Ray sets its
+        CUDA_VISIBLE_DEVICES to them: two jobs on a machine of two GPUs then compute on one
+        card each instead of both on the first."""
         try:
             self.client.submit_job(
                 entrypoint=entrypoint,
                 submission_id=submission_id,
                 runtime_env={"env_vars": dict(env_vars or {})},
                 metadata=dict(metadata or {}),
+                **({"entrypoint_num_gpus": num_gpus} if num_gpus > 0 else {}),
             )
             return True
         except ConnectionError as exc:

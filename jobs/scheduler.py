@@ -141,6 +141,15 @@ def run_demand(config: Mapping[str, Any], *, gpus: bool) -> dict[str, float]:
     return {"CPU": float(engines)}
 
 
+def job_gpus(config: Mapping[str, Any], *, gpus: bool) -> float:
+    """GPUs the Ray job's own process needs: a run of one engine computes inside the job
+    (its `tensor_parallel_size` GPUs); a run of several starts its engines as Ray actors,
+    which ask for their GPUs themselves, so the job holds none."""
+    if not gpus or int(config.get("num_engines") or 1) > 1:
+        return 0.0
+    return float(int(config.get("tensor_parallel_size") or 1))
+
+
 class Scheduler:
     """One scheduler per database. `start()` takes the lock and starts the ticks; `tick()`
     is public so that tests and tools can run one pass deterministically."""
@@ -353,11 +362,11 @@ class Scheduler:
                 continue  # it can never start here; do not let it block the queue
             if not _fits(need, used, total):
                 return  # first in, first out: later runs wait for this one
-            if self._submit(run):
+            if self._submit(run, job_gpus(run.config, gpus=gpus)):
                 _add(used, need)
                 active.append(run)
 
-    def _submit(self, run: RunRecord) -> bool:
+    def _submit(self, run: RunRecord, num_gpus: float = 0.0) -> bool:
         sid = submission_id(run)
         if not self.store.mark_submitted(run.id, sid):
             return False  # cancelled since it was listed
@@ -367,6 +376,7 @@ class Scheduler:
                 self.entrypoint(run),
                 env_vars=self.job_env(),
                 metadata={"eslab_run_id": str(run.id), "eslab_run_name": run.name},
+                num_gpus=num_gpus,
             )
         except RayUnavailableError:
             self.store.clear_submission(run.id)  # retried next tick

@@ -1,5 +1,5 @@
-"""Shared by the jobs tests: a stand-in run configuration, a tiny real run, and polling with a
-deadline."""
+"""Shared by the jobs tests: a stand-in run configuration, a tiny real run, polling with a
+deadline, and stand-ins for Ray's job server where a test needs exact control of it."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from engine.config import RunConfig
 from engine.paths import PROJECT_ROOT
+from jobs.ray_jobs import JobState
 from jobs.store.records import RunRecord
 from jobs.store.store import Store
 
@@ -98,3 +99,41 @@ def worker_pid(store: Store, run_id: int) -> int:
         if event.message.startswith("pid "):
             return int(event.message.split()[1])
     raise LookupError("the worker has not started")
+
+
+class RecordingRay:
+    """The four answers the scheduler asks of Ray; a stopped job reads as STOPPED."""
+
+    def __init__(self) -> None:
+        self.stopped: list[str] = []
+
+    def state(self, submission_id: str) -> JobState:
+        return JobState.STOPPED if submission_id in self.stopped else JobState.RUNNING
+
+    def stop(self, submission_id: str) -> None:
+        self.stopped.append(submission_id)
+
+    def log_tail(self, submission_id: str, chars: int) -> str:
+        return "the worker's last words"
+
+    def cluster_resources(self) -> dict[str, float]:
+        return {"CPU": 2.0}
+
+
+class SubmittingRay(RecordingRay):
+    """RecordingRay that also takes jobs: the names of the runs submitted, and the GPUs
+    each job's own process was given."""
+
+    def __init__(self, resources: dict[str, float] | None = None) -> None:
+        super().__init__()
+        self.resources = resources or {"CPU": 2.0}
+        self.submitted: list[str] = []
+        self.job_gpus: dict[str, float] = {}
+
+    def submit(self, submission_id, entrypoint, *, env_vars, metadata, num_gpus=0.0):
+        self.submitted.append(metadata["eslab_run_name"])
+        self.job_gpus[metadata["eslab_run_name"]] = num_gpus
+        return True
+
+    def cluster_resources(self) -> dict[str, float]:
+        return self.resources

@@ -20,8 +20,7 @@ from engine.data.datasets import Example, write_dataset
 from engine.paths import PROJECT_ROOT
 from jobs.scheduler import Scheduler, SchedulerSettings
 from jobs.store.status import RunStatus
-from tests.jobs.helpers import STANDIN, standin_config, wait_for
-from tests.jobs.test_scheduler_database_lock import RecordingRay
+from tests.jobs.helpers import STANDIN, RecordingRay, standin_config, wait_for
 
 TIMEOUT_S = 3.0
 

@@ -12,29 +12,9 @@ import time
 
 from sqlalchemy.engine import make_url
 
-from jobs.ray_jobs import JobState
 from jobs.scheduler import Scheduler, SchedulerSettings
 from jobs.store.status import RunStatus
-from tests.jobs.helpers import queue_run, wait_for
-
-
-class RecordingRay:
-    """The four answers the scheduler asks of Ray; a stopped job reads as STOPPED."""
-
-    def __init__(self) -> None:
-        self.stopped: list[str] = []
-
-    def state(self, submission_id: str) -> JobState:
-        return JobState.STOPPED if submission_id in self.stopped else JobState.RUNNING
-
-    def stop(self, submission_id: str) -> None:
-        self.stopped.append(submission_id)
-
-    def log_tail(self, submission_id: str, chars: int) -> str:
-        return "the worker's last words"
-
-    def cluster_resources(self) -> dict[str, float]:
-        return {"CPU": 2.0}
+from tests.jobs.helpers import RecordingRay, queue_run, wait_for
 
 
 def test_a_worker_frozen_while_writing_is_stopped_before_the_scheduler_writes(

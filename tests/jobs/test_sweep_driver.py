@@ -26,7 +26,7 @@ from jobs.sweeps.driver import (
 )
 from jobs.sweeps.history import PRUNED
 from jobs.sweeps.spec import parse_space
-from tests.jobs.test_scheduler_database_lock import RecordingRay
+from tests.jobs.helpers import SubmittingRay
 from tests.model_folders import DEFAULT_MODEL, placeholder_model
 
 REWARD = "train/reward/mean"
@@ -284,16 +284,6 @@ def test_a_sweep_is_refused_before_anything_is_stored(sqlite_store, base, tmp_pa
     sweep_of(store, base)
     with pytest.raises(StoreError, match="a sweep named 'sw' exists already"):
         sweep_of(store, base)
-
-
-class SubmittingRay(RecordingRay):
-    def __init__(self) -> None:
-        super().__init__()
-        self.submitted: list[str] = []
-
-    def submit(self, submission_id, entrypoint, *, env_vars, metadata):
-        self.submitted.append(metadata["eslab_run_name"])
-        return True
 
 
 def test_the_scheduler_queues_a_sweeps_runs_within_its_own_limits(sqlite_store, base):

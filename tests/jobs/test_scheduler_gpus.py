@@ -1,0 +1,23 @@
+"""On a GPU cluster a run of one engine computes inside its Ray job, so the job itself must
+hold that engine's GPUs: otherwise two runs on a machine of two GPUs both compute on the
+first. Ray is a recording stand-in (what is asked of it is the point); the end-to-end runs
+on real GPUs are bench/product_path.py's."""
+
+from __future__ import annotations
+
+from jobs.scheduler import Scheduler, SchedulerSettings, job_gpus
+from tests.jobs.helpers import SubmittingRay, queue_run
+
+
+def test_a_one_engine_job_holds_its_gpus_and_a_several_engine_job_none(sqlite_store, tmp_path):
+    queue_run(sqlite_store, tmp_path / "a", name="one")
+    queue_run(sqlite_store, tmp_path / "b", name="split", tensor_parallel_size=2)
+    queue_run(sqlite_store, tmp_path / "c", name="actors", num_engines=2)
+    ray = SubmittingRay({"CPU": 32.0, "GPU": 8.0})
+    Scheduler(sqlite_store, ray, SchedulerSettings(max_concurrent_runs=3)).tick()
+    assert ray.job_gpus == {"one": 1.0, "split": 2.0, "actors": 0.0}
+
+
+def test_a_cpu_cluster_gives_jobs_no_gpus():
+    assert job_gpus({"num_engines": 1}, gpus=False) == 0.0
+    assert job_gpus({"tensor_parallel_size": 2}, gpus=False) == 0.0
