@@ -33,8 +33,9 @@ The trade-off, stated plainly:
   rounded to bf16. Perturb, restore and update all read these same values, so the estimator
   stays consistent; storing fp32 doubles the table and makes the bf16 perturbation a slow
   mixed-dtype kernel on the CPU (measured 310 ms against 48 ms for the 135M model).
-- Memory: one table per engine, max(2**26, 2 * largest tensor) entries (128 MiB in bf16 for
-  SmolLM2-135M; 2 GiB for an 8B model with a 128k vocabulary). On the CPU the worker also
+- Memory: one table per engine (on each of its tensor-parallel ranks), max(2**26, 2 *
+  largest whole tensor) entries, the same at every size (128 MiB in bf16 for SmolLM2-135M;
+  2 GiB for an 8B model with a 128k vocabulary). On the CPU the worker also
   keeps the same values in fp32 (256 MiB) for the fp32 update, whose same-dtype add is
   fast and steady where the mixed-dtype one is not.
 
@@ -43,9 +44,15 @@ weights are kept in a packed layout (engine/backends/vllm/cpu/weights.py), so th
 slice lands on a permuted set of logical entries there: a seed means the same perturbation
 on every engine of one machine type, not across CPU and GPU engines.
 
-Tensor keys: the parameter name, plus the tensor-parallel rank and size when the size is
-above 1, so each rank perturbs its own shard independently. Noise with tensor_parallel_size
-> 1 therefore differs from noise with size 1 (and a run cannot change its TP size midway).
+Tensor keys: the parameter's name and its whole size, as tensor_parallel_size 1 holds it. A
+tensor's noise block is indexed by the position of each entry in the whole (unsharded)
+tensor, so with tensor_parallel_size k each rank perturbs and updates its shard with
+exactly the block entries of the positions it holds (`Segment`s: contiguous row ranges,
+or a strided column range for a RowParallelLinear weight; which ones, from vLLM's sharding,
+in engine/backends/vllm/shards.py). Every size draws the same perturbation and applies the
+same update, bit for bit on the CPU (perturb_ rounds every entry alike, see there), and a
+run may resume at another size. On AMX CPUs a packed shard's layout is not a part of the
+packed whole, so an engine there refuses tensor_parallel_size > 1.
 """
 
 from __future__ import annotations
@@ -91,11 +98,6 @@ def derive_seed(base: int, *parts: int | str) -> int:
 def member_seed(run_seed: int, step: int, member: int) -> int:
     """The seed of population member `member` at training step `step`."""
     return derive_seed(run_seed, step, member)
-
-
-def noise_key(name: str, tp_rank: int = 0, tp_size: int = 1) -> str:
-    """The identity of a tensor for noise purposes: its name, and its shard when sharded."""
-    return name if tp_size == 1 else f"{name}@tp{tp_rank}/{tp_size}"
 
 
 def noise_table_len(max_numel: int, min_len: int = MIN_TABLE_LEN) -> int:
