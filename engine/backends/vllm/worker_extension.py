@@ -351,6 +351,21 @@ class PerturbationWorkerExtension:
                     seconds.append(time.perf_counter() - start)
         return seconds
 
+    def es_time_perturb(self, repeats: int) -> list[float]:
+        """Seconds of `repeats` perturbations (a new seed each) timed inside the worker, after
+        an untimed one, then a restore: the kernels alone, without the call to the worker
+        (bench/perturb.py sets them against es_time_copy)."""
+        seconds = []
+        for i in range(max(1, repeats) + 1):
+            self.es_check_synchronize()
+            start = time.perf_counter()
+            self.es_perturb(30_000 + i, 0.002)
+            self.es_check_synchronize()
+            if i > 0:
+                seconds.append(time.perf_counter() - start)
+        self.es_restore()
+        return seconds
+
     # ---- saving and loading --------------------------------------------------------------------
 
     def es_save_master(self, path: str) -> str:
