@@ -1,11 +1,16 @@
 """Cost of the weight operations of the perturbation engine against one plain weight copy.
 
     .venv/bin/python bench/perturb.py [--model DIR] [--repeats 10] [--members 8 32] [--cpu-bind 1]
+        [--tensor-parallel-size 2]
 
 Starts one VLLMEngine (as the trainer does: engine core in this process) and prints, in
 milliseconds, the fastest and median of `repeats` timings of:
-- copy: one plain copy of all serving weights into a spare buffer (inside the worker);
-- perturb: weights := snapshot + scale * eps(seed), a new seed each time;
+- copy: one plain copy of all serving weights into a spare buffer (inside the worker; with
+  tensor_parallel_size > 1 every rank copies its shard at the same time, and the slowest
+  rank's time counts, as it does for the weight operations);
+- perturb: weights := snapshot + scale * eps(seed), a new seed each time; also timed
+  inside the worker (the kernels alone, without the call to the worker, which with
+  tensor_parallel_size > 1 goes to another process);
 - restore: weights := snapshot;
 - update N: master += sum of N members' coefficient * eps in fp32, then serving := cast;
 - checksum: sha256 of serving weights and fp32 master;
@@ -49,7 +54,18 @@ def main() -> None:
     parser.add_argument("--model", default=str(default_model_dir()))
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--members", type=int, nargs="+", default=[8, 32])
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.2)
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        help="default: the engine's (0.9 on a GPU, a KV cache of fixed size on the CPU)",
+    )
+    parser.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="ranks of the engine; the default model's 9 heads need 1 (bench/gpu/"
+        "make_models.py builds smollm2-135m-8heads-random for 2)",
+    )
     parser.add_argument(
         "--cpu-bind",
         help="VLLM_CPU_OMP_THREADS_BIND for the engine (e.g. 1: one thread pinned to core 1, "
@@ -60,20 +76,26 @@ def main() -> None:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = args.cpu_bind
 
     engine = VLLMEngine(
-        args.model, max_model_len=1024, gpu_memory_utilization=args.gpu_memory_utilization
+        args.model,
+        max_model_len=1024,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
     info = engine.info
     print(
         f"model {args.model}: {info['num_parameters'] / 1e6:.1f}M parameters in "
-        f"{info['num_tensors']} tensors ({info['packed_tensors']} stored packed), device "
-        f"{info['device']}, {info['torch_threads']} torch threads, noise table "
-        f"{info['table_len']:,} x {info['table_dtype']}, ES state built in {info['seconds']:.1f} s"
+        f"{info['num_tensors']} tensors ({info['packed_tensors']} stored packed) on rank 0 of "
+        f"{info['tp_size']}, device {info['device']}, {info['torch_threads']} torch threads, "
+        f"noise table {info['table_len']:,} x {info['table_dtype']}, ES state built in "
+        f"{info['seconds']:.1f} s"
     )
     rng = random.Random(0)
-    copy_runs = engine.llm.collective_rpc("es_time_copy", args=(args.repeats,))[0]
+    per_rank = engine.llm.collective_rpc("es_time_copy", args=(args.repeats,))
+    copy_runs = max(per_rank, key=min)  # the slowest rank's
     copy_s = min(copy_runs)
 
     perturb = timed(lambda i: engine.perturb(10_000 + i, 0.002), args.repeats)
+    in_worker = max(engine.llm.collective_rpc("es_time_perturb", args=(args.repeats,)), key=min)
     restore = timed(lambda i: engine.restore(), args.repeats)
 
     def cycle(i: int) -> None:
@@ -94,6 +116,7 @@ def main() -> None:
     print(f"\n{'operation':<24}{'best ms':>10}{'median ms':>10}{'x copy':>10}")
     print(row("copy (all weights)", copy_runs, copy_s))
     print(row("perturb", perturb, copy_s))
+    print(row("  in the worker", in_worker, copy_s))
     print(row("restore", restore, copy_s))
     print(row("perturb + restore", cycles, copy_s))
     for n, seconds in updates.items():
@@ -104,7 +127,10 @@ def main() -> None:
         f"\n(perturb + restore) / copy = {min(cycles) / copy_s:.2f} (best), "
         f"{statistics.median(cycles) / statistics.median(copy_runs):.2f} (median)"
     )
-    print(f"per member in EnginePool.evaluate (perturb only) / copy = {min(perturb) / copy_s:.2f}")
+    print(
+        f"per member in EnginePool.evaluate (perturb only) / copy = {min(perturb) / copy_s:.2f}"
+        f" ({min(in_worker) / copy_s:.2f} inside the worker)"
+    )
     engine.shutdown()
 
 

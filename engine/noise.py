@@ -33,8 +33,9 @@ The trade-off, stated plainly:
   rounded to bf16. Perturb, restore and update all read these same values, so the estimator
   stays consistent; storing fp32 doubles the table and makes the bf16 perturbation a slow
   mixed-dtype kernel on the CPU (measured 310 ms against 48 ms for the 135M model).
-- Memory: one table per engine, max(2**26, 2 * largest tensor) entries (128 MiB in bf16 for
-  SmolLM2-135M; 2 GiB for an 8B model with a 128k vocabulary). On the CPU the worker also
+- Memory: one table per engine (on each of its tensor-parallel ranks), max(2**26, 2 *
+  largest whole tensor) entries, the same at every size (128 MiB in bf16 for SmolLM2-135M;
+  2 GiB for an 8B model with a 128k vocabulary). On the CPU the worker also
   keeps the same values in fp32 (256 MiB) for the fp32 update, whose same-dtype add is
   fast and steady where the mixed-dtype one is not.
 
@@ -43,17 +44,23 @@ weights are kept in a packed layout (engine/backends/vllm/cpu/weights.py), so th
 slice lands on a permuted set of logical entries there: a seed means the same perturbation
 on every engine of one machine type, not across CPU and GPU engines.
 
-Tensor keys: the parameter name, plus the tensor-parallel rank and size when the size is
-above 1, so each rank perturbs its own shard independently. Noise with tensor_parallel_size
-> 1 therefore differs from noise with size 1 (and a run cannot change its TP size midway).
+Tensor keys: the parameter's name and its whole size, as tensor_parallel_size 1 holds it. A
+tensor's noise block is indexed by the position of each entry in the whole (unsharded)
+tensor, so with tensor_parallel_size k each rank perturbs and updates its shard with
+exactly the block entries of the positions it holds (`Segment`s: contiguous row ranges,
+or a strided column range for a RowParallelLinear weight; which ones, from vLLM's sharding,
+in engine/backends/vllm/shards.py). Every size draws the same perturbation and applies the
+same update, bit for bit on the CPU (perturb_ rounds every entry alike, see there), and a
+run may resume at another size. On AMX CPUs a packed shard's layout is not a part of the
+packed whole, so an engine there refuses tensor_parallel_size > 1.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     import torch
@@ -91,11 +98,6 @@ def derive_seed(base: int, *parts: int | str) -> int:
 def member_seed(run_seed: int, step: int, member: int) -> int:
     """The seed of population member `member` at training step `step`."""
     return derive_seed(run_seed, step, member)
-
-
-def noise_key(name: str, tp_rank: int = 0, tp_size: int = 1) -> str:
-    """The identity of a tensor for noise purposes: its name, and its shard when sharded."""
-    return name if tp_size == 1 else f"{name}@tp{tp_rank}/{tp_size}"
 
 
 def noise_table_len(max_numel: int, min_len: int = MIN_TABLE_LEN) -> int:
@@ -184,24 +186,94 @@ def noise_offsets(seed: int, tensors: Sequence[tuple[str, int]], table_len: int)
     return offsets
 
 
-def noise_block(table: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
-    """The noise block at `offset`, viewed with the shape of `like` (no copy)."""
-    return table[offset : offset + like.numel()].view(like.shape)
+class Segment(NamedTuple):
+    """A piece of a tensor and the noise it takes: entries [start, start + rows * cols) of
+    the tensor (flat), viewed as rows x cols, take the noise entries at `skip + i * stride + j`
+    of the tensor's noise block. A tensor held whole is one segment of one row; a
+    tensor-parallel shard is one segment per piece of the whole tensor it holds
+    (engine/backends/vllm/shards.py)."""
+
+    start: int
+    rows: int
+    cols: int
+    skip: int
+    stride: int
+
+
+def whole(numel: int) -> tuple[Segment]:
+    """The one segment of a tensor held whole."""
+    return (Segment(0, 1, numel, 0, numel),)
+
+
+def noise_view(table: torch.Tensor, offset: int, segment: Segment) -> torch.Tensor:
+    """The noise of `segment` in the block at `offset`: a (rows, cols) view of the table,
+    strided where the segment is a column range of the whole tensor (no copy)."""
+    return table.as_strided(
+        (segment.rows, segment.cols),
+        (segment.stride, 1),
+        table.storage_offset() + offset + segment.skip,
+    )
+
+
+def _part(tensor: torch.Tensor, segment: Segment) -> torch.Tensor:
+    """The entries of a (contiguous) tensor that `segment` covers, as rows x cols (one view
+    op: this runs once per tensor and member)."""
+    return tensor.as_strided(
+        (segment.rows, segment.cols), (segment.cols, 1), tensor.storage_offset() + segment.start
+    )
 
 
 def perturb_(
-    out: torch.Tensor, snapshot: torch.Tensor, table: torch.Tensor, offset: int, scale: float
+    out: torch.Tensor,
+    snapshot: torch.Tensor,
+    table: torch.Tensor,
+    offset: int,
+    scale: float,
+    segments: Sequence[Segment] | None = None,
 ) -> None:
-    """out := snapshot + scale * eps, in one pass and one rounding.
+    """out := snapshot + scale * eps, in one pass and one rounding per entry.
 
     Computed from the snapshot, never added to the current weights, so a perturbation
     overwrites the previous one and nothing accumulates (in bf16, add-then-subtract leaves
-    7.5% of the weights one rounding step off per cycle).
+    7.5% of the weights one rounding step off per cycle). `segments` (default: the tensor
+    whole) say where its noise lies in the block at `offset`.
+
+    Every entry gets the same arithmetic wherever it lies, so a shard computes exactly the
+    entries the whole tensor would. On the CPU in bf16 or fp16 that takes `addcmul` with the
+    scale rounded to the weights' dtype: `torch.add(alpha=)` computes
+    fp32(w) + alpha * fp32(eps) with alpha so rounded in its vector loop, but rounds
+    alpha * eps to bf16 in its scalar loop, which runs on the last entries of every thread's
+    chunk and on the rows of a strided view, so its bits depended on the thread count and on
+    where a piece starts (measured: about 1 entry in 2,000 of those). addcmul computes every
+    entry in fp32 with that same alpha, the vector loop's numbers. On GPUs add's vector and
+    scalar loops share one fp32 function and the scale is kept as given.
     """
     import torch
 
-    n = out.numel()
-    torch.add(snapshot.view(-1), table[offset : offset + n], alpha=scale, out=out.view(-1))
+    cpu_half = out.device.type == "cpu" and out.dtype in (torch.bfloat16, torch.float16)
+    rounded = _rounded(scale, out.dtype) if cpu_half else scale
+    for segment in segments or whole(out.numel()):
+        target, base = _part(out, segment), _part(snapshot, segment)
+        eps = noise_view(table, offset, segment)
+        if cpu_half:
+            torch.addcmul(base, eps, _one(out.dtype), value=rounded, out=target)
+        else:
+            torch.add(base, eps, alpha=scale, out=target)
+
+
+@functools.lru_cache(maxsize=4)
+def _one(dtype: torch.dtype) -> torch.Tensor:
+    import torch
+
+    return torch.ones((), dtype=dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _rounded(scale: float, dtype: torch.dtype) -> float:
+    """`scale` rounded to `dtype` (cached: every tensor of a member has the same scale)."""
+    import torch
+
+    return float(torch.tensor(scale, dtype=dtype))
 
 
 def accumulate_(
@@ -210,14 +282,17 @@ def accumulate_(
     offsets: Sequence[int],
     coefficients: Sequence[float],
     scratch: torch.Tensor | None = None,
+    segments: Sequence[Segment] | None = None,
 ) -> None:
     """master += sum_i coefficients[i] * eps_i in fp32, members added in the given order.
 
     A coefficient of exactly 0 is skipped, not added as 0 * eps: -0.0 + 0.0 is +0.0, and the
     weights must stay bit-identical under an all-zero update. On the CPU, bf16 noise is
     converted to fp32 block by block into `scratch` (a plain fp32 add is about 2x faster than
-    the mixed-dtype kernel); on other devices the mixed-dtype add is used directly. Both give
-    the same numbers: every term is fp32(master) + fp32(c) * fp32(eps).
+    the mixed-dtype kernel); on other devices, or with an fp32 table, the add reads the table
+    directly. Both give the same numbers: every term is fp32(master) + fp32(c) * fp32(eps),
+    in one fused rounding whatever loop of the kernel computes it, so a shard's entries get
+    exactly the bits of the whole tensor's. `segments` as in perturb_.
     """
     import torch
 
@@ -226,19 +301,33 @@ def accumulate_(
     terms = [(o, float(c)) for o, c in zip(offsets, coefficients, strict=True) if c != 0.0]
     if not terms:
         return
-    flat = master.view(-1)
-    n = flat.numel()
-    same_dtype = table.dtype == master.dtype
-    if master.device.type != "cpu" or same_dtype:
-        for offset, c in terms:
-            flat.add_(table[offset : offset + n], alpha=c)
+    segments = segments or whole(master.numel())
+    if master.device.type != "cpu" or table.dtype == master.dtype:
+        for segment in segments:
+            target = _part(master, segment)
+            for offset, c in terms:
+                target.add_(noise_view(table, offset, segment), alpha=c)
         return
-    if scratch is None or scratch.numel() < min(n, UPDATE_CHUNK):
-        scratch = torch.empty(min(n, UPDATE_CHUNK), dtype=master.dtype)
-    for start in range(0, n, UPDATE_CHUNK):
-        stop = min(n, start + UPDATE_CHUNK)
-        block = scratch[: stop - start]
-        target = flat[start:stop]
-        for offset, c in terms:
-            block.copy_(table[offset + start : offset + stop])
-            target.add_(block, alpha=c)
+    if scratch is None or scratch.numel() < UPDATE_CHUNK:
+        scratch = torch.empty(UPDATE_CHUNK, dtype=master.dtype)
+    for segment in segments:
+        target = _part(master, segment)
+        for rows, cols in _blocks(segment.rows, segment.cols):
+            block = scratch[: (rows.stop - rows.start) * (cols.stop - cols.start)]
+            block = block.view(rows.stop - rows.start, cols.stop - cols.start)
+            for offset, c in terms:
+                block.copy_(noise_view(table, offset, segment)[rows, cols])
+                target[rows, cols].add_(block, alpha=c)
+
+
+def _blocks(rows: int, cols: int) -> Iterator[tuple[slice, slice]]:
+    """(rows, columns) blocks of at most UPDATE_CHUNK entries covering a rows x cols grid:
+    whole rows where a row fits, else pieces of one row."""
+    if cols >= UPDATE_CHUNK:
+        for row in range(rows):
+            for start in range(0, cols, UPDATE_CHUNK):
+                yield slice(row, row + 1), slice(start, min(cols, start + UPDATE_CHUNK))
+        return
+    step = UPDATE_CHUNK // cols
+    for start in range(0, rows, step):
+        yield slice(start, min(rows, start + step)), slice(0, cols)

@@ -1,6 +1,6 @@
 """Random-weight models of real shapes for the GPU benchmarks (run on the device).
 
-    python3 bench/gpu/make_models.py TOKENIZER_DIR OUT_DIR
+    python3 bench/gpu/make_models.py TOKENIZER_DIR OUT_DIR [NAME ...]
 
 Throughput benchmarks want every member to do the same work, which a random model does (it
 generates until max_tokens almost always); the real default model stops early and unevenly.
@@ -9,7 +9,10 @@ its config.json, tokenizer and chat template):
 - OUT_DIR/smollm2-135m-random: SmolLM2-135M's config (30 layers, 576 wide, tied embeddings);
 - OUT_DIR/llama-1b-random: a Llama of 1.07B parameters (16 layers, 2048 wide, 32 query and
   8 key-value heads, MLP 8192, the same tokenizer) — the size of Llama-3.2-1B without its
-  large vocabulary.
+  large vocabulary;
+- only when named, OUT_DIR/smollm2-135m-8heads-random: SmolLM2-135M with 8 query heads of
+  72 and 2 key-value heads, which split over 2 tensor-parallel ranks (SmolLM2's 9 heads do
+  not): bench/perturb.py's tensor_parallel_size 2 on the CPU.
 Weights are transformers' own random initialisation (seeded), saved in bf16.
 """
 
@@ -37,6 +40,7 @@ ONE_B = {
     "num_key_value_heads": 8,
     "head_dim": 64,
 }
+EIGHT_HEADS = {"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 72}
 
 
 def build(source: Path, out: Path, overrides: dict) -> None:
@@ -58,10 +62,18 @@ def build(source: Path, out: Path, overrides: dict) -> None:
     print(f"{out}: {params / 1e6:.1f}M parameters", flush=True)
 
 
+MODELS = {
+    "smollm2-135m-random": {},
+    "llama-1b-random": ONE_B,
+    "smollm2-135m-8heads-random": EIGHT_HEADS,
+}
+DEFAULT = ("smollm2-135m-random", "llama-1b-random")
+
+
 def main() -> None:
     source, out = Path(sys.argv[1]), Path(sys.argv[2])
-    build(source, out / "smollm2-135m-random", {})
-    build(source, out / "llama-1b-random", ONE_B)
+    for name in sys.argv[3:] or DEFAULT:
+        build(source, out / name, MODELS[name])
 
 
 if __name__ == "__main__":

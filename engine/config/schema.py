@@ -63,7 +63,7 @@ class ModelConfig:
     )
     tensor_parallel_size: int = option(
         1,
-        "GPUs per engine (tensor parallelism); each rank perturbs its own shard.",
+        "GPUs per engine (tensor parallelism); the noise is the same at every size.",
         label="GPUs per engine",
         min_value=1,
     )

@@ -304,7 +304,17 @@ class VLLMEngine:
         return hashlib.sha256("".join(digests).encode()).hexdigest()
 
     def save_hf(self, path: str) -> None:
-        self._rpc("es_save_hf", str(path))
+        """The unperturbed weights as a Hugging Face folder. With tensor_parallel_size > 1
+        the ranks first save their masters next to it, from which rank 0 writes the whole
+        model (worker_extension.es_save_hf); the masters are removed afterwards."""
+        if int(self.info["tp_size"]) == 1:
+            self._rpc("es_save_hf", str(path))
+            return
+        parent = Path(path).resolve().parent
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".eslab-masters-", dir=parent) as masters:
+            self._rpc("es_save_master", masters)
+            self._rpc("es_save_hf", str(path), masters)
 
     def save_master(self, path: str) -> None:
         self._rpc("es_save_master", str(path))

@@ -3,7 +3,8 @@
 vLLM fuses some checkpoint tensors into one parameter (`qkv_proj` = q_proj, k_proj, v_proj;
 `gate_up_proj` = gate_proj, up_proj, stacked along the output dimension) and may pad the
 vocabulary. The worker extension reads, from the model itself, which modules are fused
-(`packed_modules_mapping`) and how wide each part is (`output_partition_sizes`); this module
+(`packed_modules_mapping`) and how wide each part is in the whole tensor (the layer's shard
+rule, shards.py; for a layer it has none for, `output_partition_sizes`); this module
 splits the tensors back, checks the result against the source checkpoint's names, shapes
 and dtypes, and writes it next to the source's config and tokenizer files.
 

@@ -21,8 +21,10 @@ Perturb computes weights := snapshot + scale * eps from the snapshot, so each me
 overwrites the previous one and nothing accumulates; restoring between two members is not
 needed for exactness (the pool restores once per engine after its last member).
 
-With tensor_parallel_size > 1 each rank perturbs and updates its own shard with noise keyed
-by (name, rank, size): deterministic, but different noise than with size 1 (not run here).
+With tensor_parallel_size > 1 each rank perturbs and updates its own shard with the entries
+of the whole tensor's noise that it holds (shards.py), so every size draws the same
+perturbation and applies the same update; masters are saved one file per rank and load at
+any size.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from engine.backends.vllm import lora_slots
+from engine.backends.vllm import lora_slots, masters, shards
 from engine.backends.vllm.cpu import lora_kernels as cpu_lora
 from engine.backends.vllm.cpu import weights as cpu_weights
 from engine.backends.vllm.fingerprint import hashed_bytes
@@ -48,8 +50,6 @@ if TYPE_CHECKING:
 cpu_weights.install_live_cpu_gemm()
 # Multi-LoRA (perturbation: lora) on the CPU: grouped kernels instead of per-token copies.
 cpu_lora.install_grouped_cpu_lora()
-
-MASTER_FILE = "master.safetensors"
 
 Method = TypeVar("Method", bound=Callable[..., Any])
 
@@ -82,24 +82,30 @@ class PerturbationWorkerExtension:
         start = time.perf_counter()
         self._es_model_dir = model_dir
         self._es_tp_rank, self._es_tp_size = _tp_rank_and_size()
+        model = _model(self)
         with torch.inference_mode():
             params = sorted(
-                _model(self).named_parameters(),
-                key=lambda item: lora_slots.logical_name(item[0]),
+                model.named_parameters(), key=lambda item: lora_slots.logical_name(item[0])
             )
             self._es_names = [lora_slots.logical_name(name) for name, _ in params]
             self._es_live = [p.data for _, p in params]
             self._es_layouts = [cpu_weights.layout_of(p) for _, p in params]
+            self._es_rules = [_rule(model, name) for name, _ in params]
+            self._es_maps = [
+                _shard_map(name, rule, live, layout, self._es_tp_rank, self._es_tp_size)
+                for name, rule, live, layout in zip(
+                    self._es_names, self._es_rules, self._es_live, self._es_layouts, strict=True
+                )
+            ]
+            self._es_segments = [m.segments() for m in self._es_maps]
             self._es_master = [p.detach().to(torch.float32, copy=True) for p in self._es_live]
             self._es_snapshot = [p.detach().clone() for p in self._es_live]
-            self._es_keys = [
-                noise.noise_key(name, self._es_tp_rank, self._es_tp_size) for name in self._es_names
-            ]
+            # noise is keyed by the whole tensor, the same at every tensor-parallel size
             self._es_specs = [
-                (key, t.numel()) for key, t in zip(self._es_keys, self._es_live, strict=True)
+                (name, m.numel) for name, m in zip(self._es_names, self._es_maps, strict=True)
             ]
             largest = max(self._es_live, key=lambda t: t.numel())
-            table_len = noise.noise_table_len(largest.numel(), min_table_len)
+            table_len = noise.noise_table_len(max(m.numel for m in self._es_maps), min_table_len)
             self._es_table = noise.build_noise_table(
                 table_len, seed=table_seed, dtype=largest.dtype, device=largest.device
             )
@@ -139,11 +145,13 @@ class PerturbationWorkerExtension:
 
         offsets = noise.noise_offsets(int(seed), self._es_specs, self._es_table.numel())
         with torch.inference_mode():
-            for live, snap, offset in zip(self._es_live, self._es_snapshot, offsets, strict=True):
+            for live, snap, offset, segments in zip(
+                self._es_live, self._es_snapshot, offsets, self._es_segments, strict=True
+            ):
                 if scale == 0.0:
                     live.copy_(snap)
                 else:
-                    noise.perturb_(live, snap, self._es_table, offset, float(scale))
+                    noise.perturb_(live, snap, self._es_table, offset, float(scale), segments)
 
     @_writes_weights
     def es_restore(self) -> None:
@@ -181,7 +189,12 @@ class PerturbationWorkerExtension:
             ):
                 offsets = [member_offsets[i] for member_offsets in per_seed]
                 noise.accumulate_(
-                    master, self._es_update_table, offsets, coefficients, self._es_scratch
+                    master,
+                    self._es_update_table,
+                    offsets,
+                    coefficients,
+                    self._es_scratch,
+                    self._es_segments[i],
                 )
                 live.copy_(master)
                 snap.copy_(live)
@@ -249,15 +262,19 @@ class PerturbationWorkerExtension:
         ]
 
     def es_check_noise(self, seed: int, names: list[str], count: int) -> dict[str, list[float]]:
-        """The first `count` noise values of each named tensor for member `seed` (live layout)."""
+        """The first `count` noise values of each named tensor (this rank's shard, live
+        layout) for member `seed`."""
+        import torch
+
         from engine import noise
 
         offsets = noise.noise_offsets(int(seed), self._es_specs, self._es_table.numel())
         out = {}
         for name in names:
             i = self._es_names.index(name)
-            block = self._es_table[offsets[i] : offsets[i] + min(count, self._es_live[i].numel())]
-            out[name] = [float(v) for v in block.float().tolist()]
+            views = [noise.noise_view(self._es_table, offsets[i], s) for s in self._es_segments[i]]
+            flat = torch.cat([v.reshape(-1) for v in views])[:count]
+            out[name] = [float(v) for v in flat.float().tolist()]
         return out
 
     def es_check_lora_slot(
@@ -277,6 +294,24 @@ class PerturbationWorkerExtension:
                 ("master", self._es_master),
             )
         }
+
+    def es_check_shards(self, kind: str) -> dict[str, tuple[Any, ...]]:
+        """This rank's `kind` tensors (live, snapshot or master), each with where it lies in
+        the whole tensor: name -> (whole shape, blocks, shard shape, dtype, raw bytes in
+        logical layout), to put a tensor-parallel engine's weights back together
+        (shards.ShardMap.put)."""
+        import torch
+
+        tensors = {"live": self._es_live, "snapshot": self._es_snapshot, "master": self._es_master}
+        out = {}
+        for name, t, m, layout in zip(
+            self._es_names, tensors[kind], self._es_maps, self._es_layouts, strict=True
+        ):
+            logical = cpu_weights.to_logical(t, layout).to("cpu").contiguous()
+            raw = logical.view(-1).view(torch.uint8).numpy().tobytes()
+            blocks = [tuple(b) for b in m.blocks]
+            out[name] = (list(m.shape), blocks, list(m.shard_shape), str(t.dtype), raw)
+        return out
 
     def es_check_info(self) -> list[tuple[str, list[int], str, bool]]:
         """(name, shape, dtype, stored packed) of every parameter."""
@@ -316,77 +351,89 @@ class PerturbationWorkerExtension:
                     seconds.append(time.perf_counter() - start)
         return seconds
 
+    def es_time_perturb(self, repeats: int) -> list[float]:
+        """Seconds of `repeats` perturbations (a new seed each) timed inside the worker, after
+        an untimed one, then a restore: the kernels alone, without the call to the worker
+        (bench/perturb.py sets them against es_time_copy)."""
+        seconds = []
+        for i in range(max(1, repeats) + 1):
+            self.es_check_synchronize()
+            start = time.perf_counter()
+            self.es_perturb(30_000 + i, 0.002)
+            self.es_check_synchronize()
+            if i > 0:
+                seconds.append(time.perf_counter() - start)
+        self.es_restore()
+        return seconds
+
     # ---- saving and loading --------------------------------------------------------------------
 
     def es_save_master(self, path: str) -> str:
-        """Write the fp32 master (logical layout, vLLM names) for exact resume; return the file."""
-        from safetensors.torch import save_file
-
-        folder = Path(path)
-        folder.mkdir(parents=True, exist_ok=True)
-        file = folder / _master_file(self._es_tp_rank, self._es_tp_size)
+        """Write this rank's fp32 master (logical layout, vLLM names) for exact resume, at
+        this or another tensor-parallel size (masters.py); return the file."""
         tensors = {
             name: cpu_weights.to_logical(master, layout).to("cpu").contiguous()
             for name, master, layout in zip(
                 self._es_names, self._es_master, self._es_layouts, strict=True
             )
         }
-        meta = {"format": "pt", "eslab": "fp32-master", "tp_size": str(self._es_tp_size)}
-        tmp = file.with_suffix(".tmp")
-        save_file(tensors, str(tmp), metadata=meta)
-        tmp.replace(file)
-        return str(file)
+        return str(masters.write(Path(path), self._es_tp_rank, self._es_tp_size, tensors))
 
     @_writes_weights
     def es_load_master(self, path: str) -> None:
-        """Replace master, snapshot and serving weights by a saved master (exact resume)."""
+        """Replace master, snapshot and serving weights by a saved master (exact resume),
+        written at any tensor-parallel size."""
         import torch
-        from safetensors.torch import load_file
 
-        file = Path(path) / _master_file(self._es_tp_rank, self._es_tp_size)
-        if not file.is_file():
-            raise FileNotFoundError(f"no saved master at {file}")
-        saved = load_file(str(file))
-        names = set(self._es_names)
-        if set(saved) != names:
-            raise ValueError(
-                f"{file} does not match this model: missing {sorted(names - set(saved))[:5]}, "
-                f"unexpected {sorted(set(saved) - names)[:5]}"
-            )
-        with torch.inference_mode():
-            for name, master, live, snap, layout in zip(
-                self._es_names,
-                self._es_master,
-                self._es_live,
-                self._es_snapshot,
-                self._es_layouts,
-                strict=True,
-            ):
-                tensor = cpu_weights.to_live(saved[name], layout)
+        with (
+            masters.SavedMaster(Path(path), self._es_tp_rank, self._es_tp_size) as saved,
+            torch.inference_mode(),
+        ):
+            saved.check_names(set(self._es_names))
+            for i, name in enumerate(self._es_names):
+                master = self._es_master[i]
+                tensor = cpu_weights.to_live(
+                    saved.read(name, self._es_rules[i]), self._es_layouts[i]
+                )
                 if tensor.shape != master.shape or tensor.dtype != torch.float32:
                     raise ValueError(
-                        f"{file}: {name} is {tensor.dtype} {tuple(tensor.shape)}, "
-                        f"expected float32 {tuple(master.shape)}"
+                        f"{saved.files[0].parent}: {name} is {tensor.dtype} "
+                        f"{tuple(tensor.shape)}, expected float32 {tuple(master.shape)}"
                     )
                 master.copy_(tensor)
-                live.copy_(master)
-                snap.copy_(live)
+                self._es_live[i].copy_(master)
+                self._es_snapshot[i].copy_(self._es_live[i])
 
-    def es_save_hf(self, path: str) -> str:
-        """Write the unperturbed serving weights as a Hugging Face folder (TP size 1 only)."""
+    def es_save_hf(self, path: str, masters_folder: str | None = None) -> str:
+        """Write the unperturbed serving weights as a Hugging Face folder; return it.
+
+        With tensor_parallel_size > 1 no rank holds the whole model: every rank has saved
+        its master into `masters_folder` (VLLMEngine.save_hf), and rank 0 puts the whole
+        tensors back together from those files and casts them to the serving dtype, which
+        gives the serving weights exactly (they are cast(master)); the other ranks write
+        nothing and return "".
+        """
         from engine.backends.vllm import hf_export
 
-        if self._es_tp_size != 1:
-            raise NotImplementedError(
-                "save_hf needs the whole model on one rank; with tensor_parallel_size > 1 "
-                "use save_master (one file per rank)"
-            )
-        params = {
-            name: cpu_weights.to_logical(snap, layout)
-            for name, snap, layout in zip(
-                self._es_names, self._es_snapshot, self._es_layouts, strict=True
-            )
-        }
+        if self._es_tp_size == 1:
+            params = {
+                name: cpu_weights.to_logical(snap, layout)
+                for name, snap, layout in zip(
+                    self._es_names, self._es_snapshot, self._es_layouts, strict=True
+                )
+            }
+        elif masters_folder is None:
+            raise ValueError("save_hf with tensor_parallel_size > 1 needs the ranks' masters")
+        elif self._es_tp_rank != 0:
+            return ""
+        else:
+            with masters.SavedMaster(Path(masters_folder), 0, 1) as saved:
+                params = {
+                    name: saved.read(name, rule).to(snap.dtype)
+                    for name, rule, snap in zip(
+                        self._es_names, self._es_rules, self._es_snapshot, strict=True
+                    )
+                }
         tensors = hf_export.unfuse(params, _fused_modules(_model(self)))
         tensors = hf_export.match_source(
             tensors,
@@ -422,7 +469,10 @@ def _device_name(device: torch.device) -> str:
 
 
 def _fused_modules(model: Any) -> dict[str, tuple[list[str], list[int]]]:
-    """Module path -> (checkpoint part names, their sizes) for every fused module."""
+    """Module path -> (checkpoint part names, their sizes in the whole tensor) for every
+    fused module: the parts of its shard rule (a rank's `output_partition_sizes` are its
+    shard's, and q/k/v's differ from the whole's even in proportion when key-value heads are
+    copied), else, for a layer shards.py does not know, vLLM's sizes (size 1 only)."""
     mapping = getattr(model, "packed_modules_mapping", {}) or {}
     fused = {}
     for path, module in model.named_modules():
@@ -430,12 +480,48 @@ def _fused_modules(model: Any) -> dict[str, tuple[list[str], list[int]]]:
         leaf = path.rpartition(".")[2]
         sizes = getattr(module, "output_partition_sizes", None)
         if leaf in mapping and sizes is not None and len(sizes) == len(mapping[leaf]):
+            rule = shards.rule_of(getattr(module, "base_layer", module), "weight")
+            if rule is not None and len(rule.parts) == len(sizes):
+                sizes = [part.size for part in rule.parts]
             fused[path] = (list(mapping[leaf]), [int(s) for s in sizes])
     return fused
 
 
-def _master_file(tp_rank: int, tp_size: int) -> str:
-    return MASTER_FILE if tp_size == 1 else f"master-tp{tp_rank}-of-{tp_size}.safetensors"
+def _rule(model: torch.nn.Module, name: str) -> shards.ShardRule | None:
+    """The shard rule of parameter `name` (vLLM's name), from the layer that owns it."""
+    path, _, attr = name.rpartition(".")
+    return shards.rule_of(model.get_submodule(path), attr)
+
+
+def _shard_map(
+    name: str,
+    rule: shards.ShardRule | None,
+    live: torch.Tensor,
+    layout: tuple[str, int, int] | None,
+    rank: int,
+    size: int,
+) -> shards.ShardMap:
+    """Where this rank's `live` tensor lies in the whole parameter; refuses, by name, what
+    a rank cannot map exactly."""
+    if size == 1:
+        return shards.shard_map(shards.WHOLE, live.shape, 0, 1)
+    if rule is None:
+        raise NotImplementedError(
+            f"{name}: tensor_parallel_size {size} needs to know how vLLM shards its layer, "
+            "and shards.py has no rule for it; run this model with tensor_parallel_size 1"
+        )
+    if layout is not None and rule.parts:
+        raise NotImplementedError(
+            f"{name}: this CPU stores linear weights packed (AMX), per shard, so a shard's "
+            "noise cannot be the whole tensor's; run tensor_parallel_size 1 on this CPU"
+        )
+    found = shards.shard_map(rule, shards.whole_shape(rule, live.shape), rank, size)
+    if found.shard_shape != tuple(live.shape):
+        raise ValueError(
+            f"{name}: rank {rank} of {size} holds {tuple(live.shape)}, but its layer's "
+            f"sharding gives {found.shard_shape}"
+        )
+    return found
 
 
 def _bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
