@@ -13,7 +13,7 @@ from engine.backends.base import (
     EngineMismatchError,
     PerturbationEngine,
 )
-from engine.backends.pool import EnginePool
+from engine.backends.pool import EnginePool, gpu_engine_threads
 
 
 class FakeEngine:
@@ -211,3 +211,8 @@ def test_a_dead_actor_is_reported_as_the_lost_engine_and_where_it_ran(monkeypatc
         "health check failed"
     )
     assert caught.value.__cause__ is death
+
+
+def test_engines_on_gpus_share_the_machines_cores_out_not_ray_s_one_thread():
+    assert gpu_engine_threads(2, cores=32) == {"OMP_NUM_THREADS": "16"}
+    assert gpu_engine_threads(8, cores=4) == {"OMP_NUM_THREADS": "1"}

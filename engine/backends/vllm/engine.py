@@ -94,6 +94,11 @@ class VLLMEngine:
         self._member_placeholder: str | None = None
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if tensor_parallel_size > 1:
+            # ranks in processes of their own: forked ones cannot use CUDA once this process
+            # has (an engine of size 1 started before it here): "Cannot re-initialize CUDA in
+            # forked subprocess", as tests/integration/test_tensor_parallel.py met on 2 H100s
+            os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
         from vllm import LLM
         from vllm.platforms import current_platform
