@@ -92,13 +92,7 @@ class VLLMEngine:
         """
         self._member_folder: str | None = None  # the member slots' placeholder adapter
         self._member_placeholder: str | None = None
-        if in_process:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        if tensor_parallel_size > 1:
-            # ranks in processes of their own: forked ones cannot use CUDA once this process
-            # has (an engine of size 1 started before it here): "Cannot re-initialize CUDA in
-            # forked subprocess", as tests/integration/test_tensor_parallel.py met on 2 H100s
-            os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        _set_process_environment(in_process, tensor_parallel_size)
 
         from vllm import LLM
         from vllm.platforms import current_platform
@@ -369,3 +363,15 @@ def _choose_lora_kernels(choice: str, gpu_name: str) -> None:
         os.environ["VLLM_TUNED_CONFIG_FOLDER"] = folder
     else:
         os.environ.pop("VLLM_TUNED_CONFIG_FOLDER", None)
+
+
+def _set_process_environment(in_process: bool, tensor_parallel_size: int) -> None:
+    """What vLLM reads from the environment before it starts (VLLMEngine's docstring says
+    why the engine core runs in this process). Ranks of tensor_parallel_size > 1 run in
+    processes of their own, spawned: forked ones cannot use CUDA once this process has (an
+    engine of size 1 started before it here), "Cannot re-initialize CUDA in forked
+    subprocess", as tests/integration/test_tensor_parallel.py met on 2 H100s."""
+    if in_process:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if tensor_parallel_size > 1:
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
