@@ -92,7 +92,7 @@ class VLLMEngine:
         """
         self._member_folder: str | None = None  # the member slots' placeholder adapter
         self._member_placeholder: str | None = None
-        _set_process_environment(in_process, tensor_parallel_size)
+        _set_process_environment(in_process)
 
         from vllm import LLM
         from vllm.platforms import current_platform
@@ -365,13 +365,16 @@ def _choose_lora_kernels(choice: str, gpu_name: str) -> None:
         os.environ.pop("VLLM_TUNED_CONFIG_FOLDER", None)
 
 
-def _set_process_environment(in_process: bool, tensor_parallel_size: int) -> None:
+def _set_process_environment(in_process: bool) -> None:
     """What vLLM reads from the environment before it starts (VLLMEngine's docstring says
-    why the engine core runs in this process). Ranks of tensor_parallel_size > 1 run in
-    processes of their own, spawned: forked ones cannot use CUDA once this process has (an
-    engine of size 1 started before it here), "Cannot re-initialize CUDA in forked
-    subprocess", as tests/integration/test_tensor_parallel.py met on 2 H100s."""
+    why the engine core runs in this process).
+
+    Processes vLLM starts (the ranks of tensor_parallel_size > 1) are spawned, never forked:
+    a forked one cannot use CUDA once this process has. vLLM switches to spawn by itself when
+    it sees CUDA in use, but it caches its environment settings once its first engine is up,
+    so in a process whose engine of size 1 started first, a later engine of size 2 still
+    forked and failed ("Cannot re-initialize CUDA in forked subprocess", on 2 H100s): the
+    method is set before the first engine reads it. The CPU build spawns its ranks anyway."""
     if in_process:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    if tensor_parallel_size > 1:
-        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
