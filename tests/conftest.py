@@ -80,3 +80,14 @@ def vllm_lora_engine(default_model_dir: Path, vllm_engine_options: dict) -> Iter
     engine = VLLMEngine(str(default_model_dir), **options, extra_llm_args=extra)
     yield engine
     engine.shutdown()
+
+
+LAST_MODULE = "tests/integration/test_tensor_parallel.py"
+"""Runs after every other test: shutting down its engines (an engine core in this process)
+tears down vLLM's process-wide parallel groups, which the session's shared engines then miss
+("pipeline model parallel group is not initialized"); keeping them for the whole session
+instead left too little memory for the two-engine test."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.nodeid.startswith(LAST_MODULE))  # stable: order kept

@@ -40,7 +40,7 @@ SEEDS = (11, 12, 13)
 UPDATE = ([101, 102, 103], [2e-3, -1e-3, 1.5e-3])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def small_model(default_model_dir: Path, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("small-llama") / "model"
     build(default_model_dir, folder, SMALL_LLAMA)
@@ -60,12 +60,9 @@ def start(model: Path, size: int) -> object:
     )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def engines(small_model: Path, tmp_path_factory) -> Iterator[tuple[object, object, Path]]:
-    """(size 1, size 2, the input model's master saved by size 1), shut down with the
-    session's other engines: shutting down an engine whose core runs in this process tears
-    down vLLM's process-wide parallel groups, which the session's shared engine then misses
-    ("pipeline model parallel group is not initialized" in every later test)."""
+    """(size 1, size 2, the input model's master saved by size 1)."""
     if torch.cuda.is_available() and torch.cuda.device_count() < 2:
         pytest.skip("tensor_parallel_size 2 on CUDA needs 2 GPUs")
     one = start(small_model, 1)
