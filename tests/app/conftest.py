@@ -7,7 +7,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import streamlit as st
 
+from app import auth
 from engine import metrics as mk
 from engine.config import RunConfig
 from engine.data.datasets import write_dataset
@@ -123,6 +125,35 @@ def seed(tmp_path: Path, dataset: Path) -> str:
     finally:
         store.close()
     return url
+
+
+@pytest.fixture
+def store(seeded_url, monkeypatch) -> Iterator[Store]:
+    """The seeded database, the one the pages open (ESLAB_DATABASE_URL). Streamlit's caches
+    are cleared on both sides of the test: a cached store or query of another test would
+    show that test's database."""
+    monkeypatch.setenv("ESLAB_DATABASE_URL", seeded_url)
+    clear_streamlit_caches()
+    store = Store(seeded_url)
+    yield store
+    store.close()
+    clear_streamlit_caches()
+
+
+@pytest.fixture
+def editor_and_viewer(tmp_path, monkeypatch) -> Path:
+    """An auth file (ESLAB_AUTH_FILE) with the editor `ed` and the viewer `vi`, whose
+    passwords are `editor-pass` and `viewer-pass`."""
+    path = tmp_path / "users.yaml"
+    auth.add_user(path, "ed", "editor", "editor-pass")
+    auth.add_user(path, "vi", "viewer", "viewer-pass")
+    monkeypatch.setenv(auth.ENV, str(path))
+    return path
+
+
+def clear_streamlit_caches() -> None:
+    st.cache_resource.clear()
+    st.cache_data.clear()
 
 
 @pytest.fixture(scope="module")

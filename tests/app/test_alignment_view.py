@@ -170,11 +170,5 @@ def test_alignment_tab_of_a_plain_run_says_so(store_url_plain):
 
 
 @pytest.fixture
-def store_url_plain(seeded_url, monkeypatch):
-    monkeypatch.setenv("ESLAB_DATABASE_URL", seeded_url)
-    st.cache_resource.clear()
-    store = Store(seeded_url)
-    run_id = store.search_runs(text="alpha")[0][0].id
-    store.close()
-    yield run_id
-    st.cache_resource.clear()
+def store_url_plain(store):
+    return store.search_runs(text="alpha")[0][0].id

@@ -125,19 +125,10 @@ def test_users_cli(tmp_path, monkeypatch, capsys):
 
 
 @pytest.fixture
-def store(seeded_url, monkeypatch, tmp_path):
+def store(store, editor_and_viewer, monkeypatch):
     """The seeded database behind an auth file with one editor and one viewer."""
-    path = tmp_path / "users.yaml"
-    auth.add_user(path, "ed", "editor", "editor-pass")
-    auth.add_user(path, "vi", "viewer", "viewer-pass")
-    monkeypatch.setenv(auth.ENV, str(path))
-    monkeypatch.setenv("ESLAB_DATABASE_URL", seeded_url)
     monkeypatch.setattr("app.login.THROTTLE", LoginThrottle())  # no failures of other tests
-    st.cache_resource.clear()
-    store = Store(seeded_url)
-    yield store
-    store.close()
-    st.cache_resource.clear()
+    return store
 
 
 def as_user(user: auth.User | None, path: str | None = None, **params: str) -> AppTest:

@@ -10,7 +10,6 @@ import html
 import re
 
 import pytest
-import streamlit as st
 from markdown_it import MarkdownIt
 from streamlit.testing.v1 import AppTest
 
@@ -28,21 +27,16 @@ UNSAFE_TOKENS = {"link_open", "image", "html_inline", "html_block"}
 
 
 @pytest.fixture
-def store(seeded_url, monkeypatch, tmp_path, dataset):
+def store(store, tmp_path, dataset):
     """The seeded database plus a failed run named EVIL, tagged EVIL and MORE, whose
     error and completions hold EVIL."""
-    monkeypatch.setenv("ESLAB_DATABASE_URL", seeded_url)
-    st.cache_resource.clear()
-    store = Store(seeded_url)
     config = make_config(dataset, tmp_path / "evil").to_flat()
     run = store.create_run(
         name=EVIL, method="es", config=config, tags=[EVIL, MORE], status=RunStatus.RUNNING
     )
     store.finish_run(run.id, RunStatus.FAILED, error=ERROR)
     store.add_event(run.id, "error", EVIL)
-    yield store
-    store.close()
-    st.cache_resource.clear()
+    return store
 
 
 def evil_id(store: Store) -> int:

@@ -14,18 +14,17 @@ from jobs.store.store import Store
 from tests.app.sample_runs import CHANGED, END, LONG, PROMPTS, add_lbes_samples
 from tests.app.test_inert import EVIL, MORE, assert_inert, markdown_shown
 from tests.app.test_pages import page
-from tests.app.test_pages import store as seeded_store  # noqa: F401 (a fixture)
 
 SAMPLES = "app_pages/samples.py"
 FUNNEL = [("generated", "7"), ("prompt-variance filter", "4"), ("top/bottom-k", "3"), ("kept", "3")]
 
 
 @pytest.fixture
-def store(seeded_store: Store) -> Store:  # noqa: F811
+def store(store: Store) -> Store:
     """Run 1 (alpha-run, es) and run 2 (beta-run, lbes) of conftest, run 2 with the LBES
     samples of sample_runs at steps 1 and 2."""
-    add_lbes_samples(seeded_store, 2)
-    return seeded_store
+    add_lbes_samples(store, 2)
+    return store
 
 
 def cards(at: AppTest) -> list[str]:

@@ -7,7 +7,6 @@ what it needs, with a button that generates its missing data."""
 from __future__ import annotations
 
 import pytest
-import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from app import auth, forms
@@ -17,18 +16,7 @@ from engine.data.local import default_output_dir
 from engine.data.uploads import keep_upload
 from engine.paths import resolve_path
 from engine.presets import load_preset, preset_info
-from jobs.store.store import Store
 from tests.app.test_pages import MAIN, TIMEOUT, page
-
-
-@pytest.fixture
-def store(seeded_url, monkeypatch):
-    monkeypatch.setenv("ESLAB_DATABASE_URL", seeded_url)
-    st.cache_resource.clear()
-    store = Store(seeded_url)
-    yield store
-    store.close()
-    st.cache_resource.clear()
 
 
 @pytest.fixture

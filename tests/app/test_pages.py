@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from app.charts import downsample, ema
@@ -18,21 +17,9 @@ from engine import metrics as mk
 from engine.config import config_fields
 from engine.paths import config_path
 from jobs.store.status import RunStatus
-from jobs.store.store import Store
 
 MAIN = str(Path(__file__).resolve().parents[2] / "app" / "main.py")
 TIMEOUT = 60
-
-
-@pytest.fixture
-def store(seeded_url, monkeypatch):
-    monkeypatch.setenv("ESLAB_DATABASE_URL", seeded_url)
-    st.cache_resource.clear()
-    st.cache_data.clear()
-    store = Store(seeded_url)
-    yield store
-    store.close()
-    st.cache_resource.clear()
 
 
 def page(path: str, **params: str) -> AppTest:

@@ -6,19 +6,9 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from app.cli import main
 from app.report import run_report
-from jobs.store.store import Store
 from tests.app.browser import shots_folder
-
-
-@pytest.fixture
-def store(seeded_url):
-    store = Store(seeded_url)
-    yield store
-    store.close()
 
 
 def test_report_is_self_contained(store):

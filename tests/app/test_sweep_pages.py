@@ -11,7 +11,6 @@ import json
 
 import pandas as pd
 import pytest
-import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from app import auth, sweep_form
@@ -27,16 +26,6 @@ from tests.app.sample_runs import SWEEP_TRIALS, add_sweep
 from tests.app.test_pages import MAIN, TIMEOUT, page
 
 RANKED = ["noise-sweep-t001", "noise-sweep-t000"]  # by train reward at the last step: 0.9, 0.3
-
-
-@pytest.fixture
-def store(seeded_url, monkeypatch):
-    monkeypatch.setenv("ESLAB_DATABASE_URL", seeded_url)
-    st.cache_resource.clear()
-    store = Store(seeded_url)
-    yield store
-    store.close()
-    st.cache_resource.clear()
 
 
 @pytest.fixture

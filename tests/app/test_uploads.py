@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from app import auth, exports
@@ -37,20 +36,11 @@ def session(name: str) -> auth.Session:
 
 
 @pytest.fixture
-def store(seeded_url, monkeypatch, tmp_path):
+def store(store, editor_and_viewer, monkeypatch, tmp_path):
     """The seeded database, a data folder of its own, and an auth file with one editor
     and one viewer."""
-    users = tmp_path / "users.yaml"
-    auth.add_user(users, "ed", "editor", "editor-pass")
-    auth.add_user(users, "vi", "viewer", "viewer-pass")
-    monkeypatch.setenv(auth.ENV, str(users))
-    monkeypatch.setenv("ESLAB_DATABASE_URL", seeded_url)
     monkeypatch.setenv("ESLAB_DATA_DIR", str(tmp_path / "data"))
-    st.cache_resource.clear()
-    store = Store(seeded_url)
-    yield store
-    store.close()
-    st.cache_resource.clear()
+    return store
 
 
 def new_run_page(user: str) -> AppTest:
