@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 import streamlit as st
 
 from app import actions
-from app.views import inert
+from app.views import inert, show_error
 from engine.config import (
     GROUP_TITLES,
     ConfigError,
@@ -28,13 +28,17 @@ from engine.config import (
 from engine.data.datasets import DatasetError
 from engine.data.local import dataset_files, default_output_dir, model_folders
 from engine.data.uploads import keep_upload
+from engine.model_files import ModelError
 from engine.paths import config_path
+from engine.rewards import RewardError
+from jobs.store.errors import StoreError
 from jobs.store.store import Store
 from jobs.uploads import clean_uploads
 
 PREFIX = "new_"
 ERRORS = PREFIX + "errors"
 """The problems of the last refused submit, by field; shown until the form is fixed."""
+Launched = TypeVar("Launched")
 # Fields that offer what the data folder holds (any other value may still be typed).
 OFFERS: dict[str, Callable[[], list[str]]] = {
     "model": model_folders,
@@ -235,3 +239,18 @@ def config_diff(
             continue
         rows.append({"option": option, **{n: shown(v) for n, v in zip(names, values, strict=True)}})
     return pd.DataFrame(rows, columns=["option", *names])
+
+
+def launched(launch: Callable[[], Launched]) -> Launched | None:
+    """What `launch` (queue a run, start a sweep) returns, or None when it was refused: a
+    ConfigError goes under the fields it names (the page reruns to show it), and what the run
+    would read (dataset, reward function, model) or the database refusing is said on the
+    page. Both forms refuse the same way, whatever they launch."""
+    try:
+        return launch()
+    except ConfigError as exc:
+        st.session_state[ERRORS] = {e.field: e.message for e in exc.errors}
+        st.rerun()
+    except (DatasetError, RewardError, ModelError, StoreError) as exc:
+        show_error(exc)
+    return None

@@ -18,14 +18,10 @@ from typing import Any
 import streamlit as st
 
 from app import actions, forms
-from app.views import inert, show_error
+from app.views import inert
 from engine import metrics as mk
 from engine.config import ConfigError, FieldSpec, RunConfig, config_fields, read_yaml
-from engine.data.datasets import DatasetError
 from engine.filenames import safe_file_name
-from engine.model_files import ModelError
-from engine.rewards import RewardError
-from jobs.store.errors import StoreError
 from jobs.store.store import Store
 from jobs.sweeps.driver import trial_name
 from jobs.sweeps.options import NOT_SWEPT
@@ -412,14 +408,7 @@ def _launch(
         if problems:
             st.session_state[forms.ERRORS] = problems
         st.rerun()
-    try:
-        sweep = actions.launch_sweep(store, config, spec)
-    except ConfigError as exc:
-        st.session_state[forms.ERRORS] = {e.field: e.message for e in exc.errors}
-        st.rerun()
-    except (DatasetError, RewardError, ModelError, StoreError) as exc:
-        show_error(exc)
-    else:
-        if sweep is not None:  # None: refused, and actions.launch_sweep said why
-            st.session_state[TRIED] = False
-            st.switch_page(actions.SWEEP_PAGE, query_params={"sweep": str(sweep.id)})
+    sweep = forms.launched(lambda: actions.launch_sweep(store, config, spec))
+    if sweep is not None:
+        st.session_state[TRIED] = False
+        st.switch_page(actions.SWEEP_PAGE, query_params={"sweep": str(sweep.id)})

@@ -13,12 +13,10 @@ from app import actions, auth, forms, presets_view, sweep_form
 from app.state import get_store
 from app.views import id_param, inert, param, show_error
 from engine.config import ConfigError, config_fields
-from engine.data.datasets import DatasetError
 from engine.data.uploads import MIB, max_upload_mb
 from engine.filenames import safe_file_name
-from engine.model_files import ModelError
 from engine.presets import load_preset, preset_names
-from engine.rewards import BUILTIN_REWARDS, RewardError
+from engine.rewards import BUILTIN_REWARDS
 from jobs.store.errors import StoreError
 
 YAML_UPLOAD_MB = 1  # a run configuration is a few KiB; the widget takes whole MiB
@@ -147,22 +145,14 @@ if left.button("Queue run", type="primary", icon=":material/rocket_launch:", dis
     if problems:
         st.session_state[forms.ERRORS] = problems
         st.rerun()
-    try:
-        run = actions.launch(
-            store,
-            config,
-            parent_id=clone,
-            tags=[t.strip() for t in tags.split(",") if t.strip()],
+    run = forms.launched(
+        lambda: actions.launch(
+            store, config, parent_id=clone, tags=[t.strip() for t in tags.split(",") if t.strip()]
         )
-    except ConfigError as exc:
-        st.session_state[forms.ERRORS] = {e.field: e.message for e in exc.errors}
-        st.rerun()
-    except (DatasetError, RewardError, ModelError, StoreError) as exc:
-        show_error(exc)
-    else:
-        if run is not None:  # None: refused, and actions.launch said why
-            st.session_state[forms.ERRORS] = {}
-            st.switch_page(actions.RUN_PAGE, query_params={"run": str(run.id)})
+    )
+    if run is not None:
+        st.session_state[forms.ERRORS] = {}
+        st.switch_page(actions.RUN_PAGE, query_params={"run": str(run.id)})
 if errors:
     st.error(
         inert(f"{len(errors)} problem(s): " + "; ".join(f"{k}: {v}" for k, v in errors.items()))
