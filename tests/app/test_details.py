@@ -10,10 +10,10 @@ from streamlit.testing.v1 import AppTest
 from app import run_charts
 from app.views import MISSING
 from engine.sink import PopulationRecord, StepReport
-from tests.app.test_pages import MAIN, TIMEOUT, page, store  # noqa: F401 (store: the fixture)
+from tests.app.test_pages import MAIN, TIMEOUT, page
 
 
-def test_missing_values_show_as_a_dash(store):  # noqa: F811
+def test_missing_values_show_as_a_dash(store):
     runs = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
     assert runs.dataframe[0].proto.placeholder == MISSING  # e.g. a run with no eval reward
     run = store.search_runs(text="alpha")[0][0]
@@ -26,7 +26,7 @@ def test_missing_values_show_as_a_dash(store):  # noqa: F811
     assert at.metric[3].value == MISSING or at.metric[3].value[0].isdigit()  # time left
 
 
-def test_the_configuration_diff_holds_text_only(store):  # noqa: F811
+def test_the_configuration_diff_holds_text_only(store):
     ids = ",".join(str(r.id) for r in store.search_runs()[0])
     at = page("app_pages/compare.py", runs=ids, all="1")
     assert not at.exception
@@ -43,7 +43,7 @@ def chart_titles(chart: alt.TopLevelMixin) -> tuple[str, str | None]:
     return (title, None) if isinstance(title, str) else (title["text"], title.get("subtitle"))
 
 
-def test_chart_titles_are_words_with_the_metric_key_beneath(store):  # noqa: F811
+def test_chart_titles_are_words_with_the_metric_key_beneath(store):
     run = store.search_runs(text="alpha")[0][0]
     keys = set(store.metric_keys(run.id))
     figures = [run_charts.population(store, run), *run_charts.metric_figures(store, run)]
@@ -56,7 +56,7 @@ def test_chart_titles_are_words_with_the_metric_key_beneath(store):  # noqa: F81
     assert ("train noise std (planned: dashed)", "train/noise_std") in titles
 
 
-def test_a_members_dot_names_its_seed_and_raw_and_shaped_fitness(store):  # noqa: F811
+def test_a_members_dot_names_its_seed_and_raw_and_shaped_fitness(store):
     run = store.search_runs(text="alpha")[0][0]
     store.record_step(
         run.id,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from app.views import whole_number
-from tests.app.test_pages import page, store  # noqa: F401 (store: the seeded-database fixture)
+from tests.app.test_pages import page
 
 NOT_PLAIN = ["1e3", "-1", "0x10", " 5", "+1", "1_0", "٣", "1" + "0" * 30, "0"]
 
@@ -29,7 +29,7 @@ def bad_value_message(at, name: str) -> str:
 
 
 @pytest.mark.parametrize("value", NOT_PLAIN)
-def test_the_run_page_refuses_a_run_that_is_no_plain_number(store, value):  # noqa: F811
+def test_the_run_page_refuses_a_run_that_is_no_plain_number(store, value):
     at = page("app_pages/run.py", run=value)
     assert "plain decimal numbers such as `?run=12`" in bad_value_message(at, "run")
     assert not at.title or at.title[0].value != "alpha-run"
@@ -44,12 +44,12 @@ def test_the_run_page_refuses_a_run_that_is_no_plain_number(store, value):  # no
         ("app_pages/new_run.py", "clone", "-1"),
     ],
 )
-def test_other_pages_refuse_ids_that_are_no_plain_numbers(store, path, name, value):  # noqa: F811
+def test_other_pages_refuse_ids_that_are_no_plain_numbers(store, path, name, value):
     bad_value_message(page(path, **{name: value}), name)
 
 
 @pytest.mark.parametrize("value", ["1e3", "-1", "0x10", " 2", "٢", "1" + "0" * 30])
-def test_the_runs_page_shows_page_one_for_a_page_that_is_no_plain_number(store, value):  # noqa: F811
+def test_the_runs_page_shows_page_one_for_a_page_that_is_no_plain_number(store, value):
     at = page("app_pages/runs.py", page=value)
     assert not at.exception, at.exception
     assert "bad `page` value" in at.warning[0].value

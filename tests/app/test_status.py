@@ -15,10 +15,10 @@ from jobs import phases
 from jobs.outcome import format_traceback, with_log_tail
 from jobs.store.rows import utcnow
 from jobs.store.status import RunStatus
-from tests.app.test_pages import MAIN, TIMEOUT, page, store  # noqa: F401 (store: the seeded-database fixture)
+from tests.app.test_pages import MAIN, TIMEOUT, page
 
 
-def starting_run(store, seconds_ago: float):  # noqa: F811
+def starting_run(store, seconds_ago: float):
     """A running run at step 0 whose worker noted the engine's start `seconds_ago`."""
     run = store.create_run(
         name="fresh-run", method="es", config={}, total_steps=5, status=RunStatus.RUNNING
@@ -40,7 +40,7 @@ def flat(node) -> list:
     return [leaf for child in children.values() for leaf in flat(child)]
 
 
-def test_a_run_whose_engine_starts_says_so_with_the_time_taken(store):  # noqa: F811
+def test_a_run_whose_engine_starts_says_so_with_the_time_taken(store):
     run = starting_run(store, seconds_ago=42)
     at = page("app_pages/run.py", run=str(run.id))
     assert not at.exception
@@ -58,7 +58,7 @@ def test_a_run_whose_engine_starts_says_so_with_the_time_taken(store):  # noqa: 
     assert not [i for i in at.info if "Starting engine" in i.value]
 
 
-def test_a_failed_run_shows_its_error_first_and_the_traceback_on_demand(store):  # noqa: F811
+def test_a_failed_run_shows_its_error_first_and_the_traceback_on_demand(store):
     run = store.search_runs(text="alpha")[0][0]
     try:
         try:
@@ -95,7 +95,7 @@ def test_a_run_the_scheduler_failed_names_the_reason_and_the_logs_last_error():
     assert error_parts("no heartbeat for 90 s") == ("no heartbeat for 90 s", None, "")
 
 
-def test_the_run_page_says_where_its_engines_computed(store):  # noqa: F811
+def test_the_run_page_says_where_its_engines_computed(store):
     run = starting_run(store, seconds_ago=5)
     at = page("app_pages/run.py", run=str(run.id))
     assert not [c for c in at.caption if "Engine" in c.value]  # not started yet
