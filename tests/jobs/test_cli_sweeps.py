@@ -180,6 +180,6 @@ def test_a_preset_is_swept_by_the_shipped_space_named_after_it_and_by_seeds(db, 
         code, _, err = run_cli(capsys, "sweep", "es-conciseness", "--space", space, "--name", space)
         assert code == 0, err
     tuning, seeds = (db.get_sweep(name).spec for name in ("es-conciseness", "seeds"))
-    assert (tuning["method"], tuning["budget"], tuning["parallel"]) == ("tpe", 12, 1)
+    assert (tuning["method"], tuning["budget"], tuning["parallel"]) == ("tpe", 6, 1)
     assert tuning["parameters"]["learning_rate"]["log"] is True
     assert (seeds["method"], seeds["parameters"]) == ("grid", {"seed": {"values": [1, 2, 3]}})

@@ -34,7 +34,7 @@ def test_every_preset_that_needs_nothing_more_than_the_default_model_is_tuned():
 def test_a_tuning_sweep_ranks_by_the_last_eval_and_holds_the_presets_own_values(preset):
     spec = space(preset, preset)
     config = load_preset(preset)
-    assert spec.method == "tpe" and spec.parallel == 1 and spec.budget == 12
+    assert spec.method == "tpe" and spec.parallel == 1 and spec.budget == 6
     assert spec.objective == LAST_EVAL_REWARD  # a run that peaks, then collapses, ranks low
     stopping = spec.early_stopping
     assert stopping.rule == "median" and stopping.metric == LAST_EVAL_REWARD.metric
