@@ -63,6 +63,18 @@ def test_sweep_starts_a_grid_and_sweeps_lists_it(db, config_file, capsys):
     assert "sw-t000" in out and "sw-t001" in out  # its runs are runs
 
 
+def test_sweep_tag_labels_every_run_of_the_sweep(db, config_file, capsys):
+    code, out, err = start(capsys, config_file, "--tag", "night", "--tag", "lr-search")
+    assert code == 0, err
+    assert "its runs are tagged sweep:sw, night, lr-search" in out.splitlines()
+    (sweep,) = db.list_sweeps()
+    assert sweep.tags == ["night", "lr-search"]
+    advance_sweeps(db)
+    runs = db.sweep_runs(sweep.id)
+    assert len(runs) == 2
+    assert all(r.tags == ["sweep:sw", "night", "lr-search"] for r in runs)
+
+
 def test_a_space_file_with_options_that_override_it(db, config_file, capsys, tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text(
