@@ -118,7 +118,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         f"({objective.mode}, {objective.summary})"
     )
     if sweep.tags:
-        print(f"its runs are tagged {', '.join(trial_tags(sweep))}")
+        print(f"its runs are tagged {', '.join(trial_tags(sweep.name, sweep.tags))}")
     print("the scheduler of `eslab serve` queues its runs")
     print(sweep_url(sweep.id))
     return 0

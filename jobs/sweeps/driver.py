@@ -61,9 +61,10 @@ def sweep_tag(name: str) -> str:
     return f"sweep:{name}"
 
 
-def trial_tags(sweep: SweepRecord) -> list[str]:
-    """What each run of `sweep` is tagged: `sweep:NAME`, then the sweep's tags, each once."""
-    return list(dict.fromkeys([sweep_tag(sweep.name), *sweep.tags]))
+def trial_tags(name: str, tags: Sequence[str]) -> list[str]:
+    """What each run of the sweep `name` tagged `tags` is tagged: `sweep:NAME`, then the
+    sweep's tags, each once."""
+    return list(dict.fromkeys([sweep_tag(name), *tags]))
 
 
 def trial_name(sweep_name: str, number: int) -> str:
@@ -210,7 +211,7 @@ def queue_trial(
     base = sweep_base(sweep)
     own = {**params, "run_name": name, "output_dir": str(Path(base.data.output_dir or "") / name)}
     link: dict[str, Any] = {"sweep_id": sweep.id, "sweep_trial": number}
-    tags = trial_tags(sweep)
+    tags = trial_tags(sweep.name, sweep.tags)
     try:
         try:
             config = trial_config(base, own)

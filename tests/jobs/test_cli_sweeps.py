@@ -9,7 +9,7 @@ import json
 
 import yaml
 
-from app.report import summary_rows
+from app.report import summary_rows, sweep_report
 from engine.sink import StepReport
 from jobs.store.status import RunStatus, SweepStatus
 from jobs.sweeps.driver import advance_sweeps
@@ -73,6 +73,7 @@ def test_sweep_tag_labels_every_run_of_the_sweep(db, config_file, capsys):
     runs = db.sweep_runs(sweep.id)
     assert len(runs) == 2
     assert all(r.tags == ["sweep:sw", "night", "lr-search"] for r in runs)
+    assert "<th>tags</th><td>night, lr-search</td>" in sweep_report(db, sweep.id)
 
 
 def test_a_space_file_with_options_that_override_it(db, config_file, capsys, tmp_path):
