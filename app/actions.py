@@ -49,14 +49,21 @@ def launch(
 
 
 def launch_sweep(
-    store: Store, base: RunConfig, spec: SweepSpec, *, name: str | None = None
+    store: Store,
+    base: RunConfig,
+    spec: SweepSpec,
+    *,
+    name: str | None = None,
+    tags: Sequence[str] = (),
 ) -> SweepRecord | None:
-    """Start a sweep as `eslab sweep` does, recording who started it; None when the user may
-    not. Errors of the base configuration or the name reach the caller, which shows them."""
+    """Start a sweep as `eslab sweep` does (its runs tagged `tags` besides `sweep:NAME`),
+    recording who started it; None when the user may not. Errors of the base configuration
+    or the name reach the caller, which shows them."""
     if not allowed("start sweeps"):
         return None
     user = auth.current_user()
-    return driver.start_sweep(store, base, spec, name=name, created_by=user.name if user else None)
+    by = user.name if user else None
+    return driver.start_sweep(store, base, spec, name=name, created_by=by, tags=tags)
 
 
 def cancel_sweep(store: Store, sweep_id: int) -> None:

@@ -120,6 +120,12 @@ def parse_yaml(text: str | bytes, source: str = "the YAML") -> dict[str, Any]:
     return flat
 
 
+def parse_tags(text: str) -> list[str]:
+    """The page's "Tags (comma separated)" as tags, each once in its order: the same list
+    labels a run queued from the form and every run of a sweep launched from it."""
+    return list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+
+
 def upload_dataset(store: Store, name: str, data: bytes) -> None:
     """Keep an uploaded parquet dataset (see engine.data.uploads) and make it the form's
     train_file. Editors only, checked here where the file is written, as every action

@@ -172,6 +172,7 @@ def sweep_report(store: Store, sweep_id: int | str) -> str:
         ("early stopping", spec.early_stopping or MISSING),
         ("created", sweep.created_at),
         ("created by", sweep.created_by or MISSING),
+        ("tags", ", ".join(sweep.tags) or MISSING),
     ]
     rows = [{k: cell(v) for k, v in row.items()} for row in table.to_dict(orient="records")]
     runs = _table(rows, header=True) if rows else "<p>No runs yet.</p>"

@@ -11,7 +11,7 @@ jobs.sweeps.parse_space reads and checks it, so the form refuses exactly what `e
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
@@ -23,7 +23,7 @@ from engine import metrics as mk
 from engine.config import ConfigError, FieldSpec, RunConfig, config_fields, read_yaml
 from engine.filenames import safe_file_name
 from jobs.store.store import Store
-from jobs.sweeps.driver import trial_name
+from jobs.sweeps.driver import trial_name, trial_tags
 from jobs.sweeps.options import NOT_SWEPT
 from jobs.sweeps.spec import (
     METHODS,
@@ -349,10 +349,17 @@ def _stopping(errors: dict[str, str]) -> None:
 # -- the section ------------------------------------------------------------------------
 
 
-def section(store: Store, config: RunConfig | None, problems: dict[str, str], editor: bool) -> None:
+def section(
+    store: Store,
+    config: RunConfig | None,
+    problems: dict[str, str],
+    editor: bool,
+    tags: Sequence[str],
+) -> None:
     """The Sweep section under the form: off, a line saying what it does; on, the search
-    and a Launch button that starts the sweep as `eslab sweep` does (actions.launch_sweep)
-    and opens its page. Once a launch has been refused, errors follow every edit."""
+    and a Launch button that starts the sweep as `eslab sweep` does (actions.launch_sweep),
+    its runs tagged with the page's `tags`, and opens its page. Once a launch has been
+    refused, errors follow every edit."""
     with st.container(border=True):
         if not st.toggle("Sweep: runs of this configuration over a search space", key=ON):
             st.caption(
@@ -368,7 +375,7 @@ def section(store: Store, config: RunConfig | None, problems: dict[str, str], ed
         for message in shown.values():  # those without a widget of their own
             st.error(inert(message))
         if config is not None and spec is not None:
-            _summary(config, spec)
+            _summary(config, spec, tags)
         if st.button(
             "Launch sweep",
             type="primary",
@@ -376,17 +383,18 @@ def section(store: Store, config: RunConfig | None, problems: dict[str, str], ed
             disabled=not editor,
             help=None if editor else "Launching a sweep needs an editor.",
         ):
-            _launch(store, config, spec, problems)
+            _launch(store, config, spec, problems, tags)
 
 
-def _summary(config: RunConfig, spec: SweepSpec) -> None:
+def _summary(config: RunConfig, spec: SweepSpec, tags: Sequence[str]) -> None:
     name = config.logging.run_name
     st.caption(
         inert(
             f"{spec.method} search, up to {spec.budget} runs, {spec.parallel} at a time. The "
             f"sweep takes the run's name: {name}; its runs are {trial_name(name, 0)}, "
             f"{trial_name(name, 1)}, ... "
-            f"each in a folder of its own under {config.data.output_dir}."
+            f"each in a folder of its own under {config.data.output_dir}, tagged "
+            f"{', '.join(trial_tags(str(name), tags))}."
         )
     )
     st.download_button(
@@ -399,7 +407,11 @@ def _summary(config: RunConfig, spec: SweepSpec) -> None:
 
 
 def _launch(
-    store: Store, config: RunConfig | None, spec: SweepSpec | None, problems: dict[str, str]
+    store: Store,
+    config: RunConfig | None,
+    spec: SweepSpec | None,
+    problems: dict[str, str],
+    tags: Sequence[str],
 ) -> None:
     """Start the sweep and open its page, or say what stops it (the form's own problems
     under their fields, as Queue run does)."""
@@ -408,7 +420,7 @@ def _launch(
         if problems:
             st.session_state[forms.ERRORS] = problems
         st.rerun()
-    sweep = forms.launched(lambda: actions.launch_sweep(store, config, spec))
+    sweep = forms.launched(lambda: actions.launch_sweep(store, config, spec, tags=tags))
     if sweep is not None:
         st.session_state[TRIED] = False
         st.switch_page(actions.SWEEP_PAGE, query_params={"sweep": str(sweep.id)})

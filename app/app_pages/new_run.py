@@ -129,7 +129,7 @@ if errors:
     errors = {**{k: v for k, v in errors.items() if k not in schema}, **problems}
 if "config" in errors:
     st.error(inert(errors["config"]))
-tags = st.text_input("Tags (comma separated)", key="new_tags")
+tags = forms.parse_tags(st.text_input("Tags (comma separated)", key="new_tags"))
 forms.render_fields(errors)
 
 left, right = st.columns(2)
@@ -145,11 +145,7 @@ if left.button("Queue run", type="primary", icon=":material/rocket_launch:", dis
     if problems:
         st.session_state[forms.ERRORS] = problems
         st.rerun()
-    run = forms.launched(
-        lambda: actions.launch(
-            store, config, parent_id=clone, tags=[t.strip() for t in tags.split(",") if t.strip()]
-        )
-    )
+    run = forms.launched(lambda: actions.launch(store, config, parent_id=clone, tags=tags))
     if run is not None:
         st.session_state[forms.ERRORS] = {}
         st.switch_page(actions.RUN_PAGE, query_params={"run": str(run.id)})
@@ -158,4 +154,4 @@ if errors:
         inert(f"{len(errors)} problem(s): " + "; ".join(f"{k}: {v}" for k, v in errors.items()))
     )
 
-sweep_form.section(store, config, problems, editor)
+sweep_form.section(store, config, problems, editor, tags)

@@ -36,6 +36,7 @@ st.caption(
     f"objective {inert(objective.metric)} ({objective.mode}, {objective.summary}) · "
     f"{spec.parallel} at a time · created {sweep.created_at:%Y-%m-%d %H:%M}"
     + (f" by {inert(sweep.created_by)}" if sweep.created_by else "")
+    + (f" · tags {inert(', '.join(sweep.tags))}" if sweep.tags else "")
 )
 
 

@@ -49,6 +49,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="the metric that ranks the runs, e.g. eval/reward/mean:max (overrides the space's)",
     )
     sweep.add_argument("--name", help="the sweep's name; its runs are NAME-t001, NAME-t002, ...")
+    sweep.add_argument(
+        "--tag", action="append", default=[], help="label the sweep's runs (repeatable)"
+    )
     add_set_option(sweep, "change an option of the base configuration (repeatable)")
     sweep.set_defaults(func=cmd_sweep)
     sweeps = commands.add_parser("sweeps", help="list sweeps: status, runs and the best so far")
@@ -96,7 +99,7 @@ def space_mapping(args: argparse.Namespace, base: RunConfig) -> dict[str, Any]:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from jobs.sweeps.driver import start_sweep
+    from jobs.sweeps.driver import start_sweep, trial_tags
     from jobs.sweeps.spec import parse_space
 
     if not args.space and not args.grid:
@@ -105,7 +108,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     base = load_config(args.config, args.set)
     spec = parse_space(space_mapping(args, base), base)
     with open_store() as store:
-        sweep = start_sweep(store, base, spec, name=args.name)
+        sweep = start_sweep(store, base, spec, name=args.name, tags=args.tag)
     names = ", ".join(p.name for p in spec.parameters)
     objective = spec.objective
     print(
@@ -114,6 +117,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         f"{objective.metric} "
         f"({objective.mode}, {objective.summary})"
     )
+    if sweep.tags:
+        print(f"its runs are tagged {', '.join(trial_tags(sweep.name, sweep.tags))}")
     print("the scheduler of `eslab serve` queues its runs")
     print(sweep_url(sweep.id))
     return 0

@@ -49,7 +49,7 @@ class Sweep(Base):
     """A hyperparameter search over run options (migration 0004): what to search (`spec`,
     jobs.sweeps.spec.SweepSpec.to_dict()) from which configuration (`base_config`,
     RunConfig.to_dict() with its paths resolved). Its trials are ordinary runs that name it
-    (`runs.sweep_id`)."""
+    (`runs.sweep_id`) and carry its `tags` (migration 0005)."""
 
     __tablename__ = "sweeps"
     __table_args__ = (
@@ -67,6 +67,8 @@ class Sweep(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     # The dashboard user who started it; NULL from the command line (no login there).
     created_by: Mapped[str | None] = mapped_column(String(200))
+    # Labels every run of the sweep gets besides `sweep:NAME` (migration 0005).
+    tags: Mapped[list] = mapped_column(JSON, nullable=False, default=list, server_default="[]")
 
 
 class Run(Base):

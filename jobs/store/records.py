@@ -48,6 +48,8 @@ class SweepRecord:
     created_at: datetime
     updated_at: datetime
     created_by: str | None
+    tags: list[str]
+    """Labels each of its runs gets besides `sweep:NAME` (jobs.sweeps.driver.trial_tags)."""
 
 
 @dataclass(frozen=True)

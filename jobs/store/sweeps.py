@@ -8,7 +8,7 @@ an active sweep, and a trial number is taken once."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import exists, func, select, update
@@ -33,8 +33,10 @@ class Sweeps(StoreBase):
         spec: dict[str, Any],
         base_config: dict[str, Any],
         created_by: str | None = None,
+        tags: Sequence[str] = (),
     ) -> SweepRecord:
-        """Store an active sweep; its runs come later, queued by jobs.sweeps.driver."""
+        """Store an active sweep; its runs come later, queued by jobs.sweeps.driver, each
+        tagged with `tags`."""
         now = utcnow()
         row = models.Sweep(
             name=name,
@@ -45,6 +47,7 @@ class Sweeps(StoreBase):
             created_at=now,
             updated_at=now,
             created_by=created_by,
+            tags=list(tags),
         )
         taken = StoreError(
             f"a sweep named {name!r} exists already; give this one another name "
@@ -191,4 +194,5 @@ def sweep_record(row: models.Sweep) -> SweepRecord:
         created_at=aware(row.created_at),
         updated_at=aware(row.updated_at),
         created_by=row.created_by,
+        tags=list(row.tags or []),
     )

@@ -2,9 +2,10 @@
 the table of its runs.
 
 A sweep's runs are ordinary runs, queued through jobs.launch (the path of `eslab submit`) as
-trials `<sweep>-t001`, `<sweep>-t002`, ... tagged `sweep:<sweep>`, each in its own folder
-under the sweep's output_dir; the scheduler starts them within its usual limits
-(`max_concurrent_runs`, the cluster's resources), first in, first out with any other run.
+trials `<sweep>-t001`, `<sweep>-t002`, ... tagged `sweep:<sweep>` and the sweep's own tags,
+each in its own folder under the sweep's output_dir; the scheduler starts them within its
+usual limits (`max_concurrent_runs`, the cluster's resources), first in, first out with any
+other run.
 
 `advance_sweeps` is the scheduler's step before it submits queued runs (jobs.scheduler). For
 every active sweep it rebuilds the trials from the database (history.py), stops early the
@@ -60,6 +61,12 @@ def sweep_tag(name: str) -> str:
     return f"sweep:{name}"
 
 
+def trial_tags(name: str, tags: Sequence[str]) -> list[str]:
+    """What each run of the sweep `name` tagged `tags` is tagged: `sweep:NAME`, then the
+    sweep's tags, each once."""
+    return list(dict.fromkeys([sweep_tag(name), *tags]))
+
+
 def trial_name(sweep_name: str, number: int) -> str:
     return f"{sweep_name}-t{number:0{TRIAL_DIGITS}d}"
 
@@ -79,11 +86,13 @@ def start_sweep(
     *,
     name: str | None = None,
     created_by: str | None = None,
+    tags: Sequence[str] = (),
 ) -> SweepRecord:
     """Store an active sweep of `spec` over `base` (both already checked together:
-    spec.parse_space). What a run checks before it is queued (datasets, reward function,
-    model) is checked here on `base`, so a sweep that could queue no run is refused before
-    anything is stored. The scheduler of `eslab serve` queues its runs.
+    spec.parse_space), its runs to be tagged with `tags` (each once, in their order) besides
+    `sweep:NAME`. What a run checks before it is queued (datasets, reward function, model) is
+    checked here on `base`, so a sweep that could queue no run is refused before anything is
+    stored. The scheduler of `eslab serve` queues its runs.
 
     Raises ConfigError (naming the field), DatasetError, RewardError, ModelError, or
     StoreError when the name is taken."""
@@ -100,6 +109,7 @@ def start_sweep(
         spec=spec.to_dict(),
         base_config=base.with_resolved_paths().to_dict(),
         created_by=created_by,
+        tags=list(dict.fromkeys(tags)),
     )
 
 
@@ -201,7 +211,7 @@ def queue_trial(
     base = sweep_base(sweep)
     own = {**params, "run_name": name, "output_dir": str(Path(base.data.output_dir or "") / name)}
     link: dict[str, Any] = {"sweep_id": sweep.id, "sweep_trial": number}
-    tags = [sweep_tag(sweep.name)]
+    tags = trial_tags(sweep.name, sweep.tags)
     try:
         try:
             config = trial_config(base, own)

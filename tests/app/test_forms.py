@@ -2,7 +2,7 @@
 
 import pytest
 
-from app.forms import parse_yaml
+from app.forms import parse_tags, parse_yaml
 from engine.config import ConfigError, RunConfig
 
 
@@ -24,6 +24,11 @@ def test_import_reads_flat_nested_and_dotted_keys_typed_like_the_cli(tmp_path):
         "reward_func_path: engine.rewards.gsm8k.compute_score\n"
     )
     assert RunConfig.from_flat(parse_yaml(path.read_bytes())) == RunConfig.from_yaml(path)
+
+
+def test_the_pages_tags_are_split_at_commas_trimmed_and_each_kept_once():
+    assert parse_tags(" night, lr-search ,, night,  ") == ["night", "lr-search"]
+    assert parse_tags("") == [] and parse_tags(" , ") == []
 
 
 def test_import_leaves_out_options_the_form_has_no_widget_for():

@@ -117,11 +117,13 @@ def test_new_run_submit_queues_a_run(store, dataset, data_folder, tmp_path):
     at.selectbox(key="new_model").select(config_path(data_folder / "models" / "tiny"))
     at.text_input(key="new_max_steps").input("3")
     at.text_input(key="new_run_name").input("from-the-form").run()
+    at.text_input(key="new_tags").input(" night, lr ,, night").run()
     queue = next(b for b in at.button if b.label == "Queue run")
     queue.click().run()
     assert not at.exception, at.exception
     runs, total = store.search_runs(text="from-the-form")
     assert total == 1 and runs[0].status is RunStatus.QUEUED and runs[0].total_steps == 3
+    assert runs[0].tags == ["night", "lr"]
     # stored resolved: the same files even if ESLAB_DATA_DIR, which data/... follows, changes
     assert runs[0].config["train_file"] == str(dataset)
     assert runs[0].config["model"] == str(data_folder / "models" / "tiny")

@@ -20,6 +20,7 @@ from engine.paths import config_path
 from jobs.store.records import RunRecord
 from jobs.store.status import RunStatus, SweepStatus
 from jobs.store.store import Store
+from jobs.sweeps.driver import advance_sweeps
 from jobs.sweeps.spec import SweepSpec
 from tests.app.conftest import REWARD, make_config
 from tests.app.sample_runs import SWEEP_TRIALS, add_sweep
@@ -223,6 +224,26 @@ def test_launching_from_the_form_starts_the_sweep_and_opens_its_page(
     assert sweep.base_config["data"]["max_steps"] == 3  # the form's run is the base
     assert at.title[0].value == inert("form-sweep")  # its page opened
     assert store.count_runs() == 2  # the scheduler queues its runs, not the form
+
+
+def test_the_pages_tags_label_every_run_of_a_sweep_launched_from_it(
+    store, dataset, data_folder, tmp_path
+):
+    at = filled_form(dataset, data_folder, tmp_path)
+    at.text_input(key="new_tags").input("night, lr-search, night").run()
+    at.multiselect(key=sweep_form.key("parameters")).select("noise_std").run()
+    at.text_input(key=sweep_form.option_key("noise_std", "values")).input("1e-3, 2e-3").run()
+    at.selectbox(key=sweep_form.key("objective.metric")).select("train/reward/mean").run()
+    tagged = "tagged sweep:form-sweep, night, lr-search."
+    assert any(tagged in c.value.replace("\\", "") for c in at.caption)  # said before launch
+    launch(at)
+    assert not at.exception, at.exception
+    [sweep] = store.list_sweeps()
+    assert sweep.tags == ["night", "lr-search"]
+    assert any("tags night, lr-search" in c.value.replace("\\", "") for c in at.caption)
+    advance_sweeps(store)  # the scheduler's tick queues the runs
+    runs = store.sweep_runs(sweep.id)
+    assert [r.tags for r in runs] == [["sweep:form-sweep", "night", "lr-search"]] * 2
 
 
 def test_a_pasted_or_uploaded_space_yaml_launches_too_and_its_errors_name_the_field(

@@ -9,7 +9,7 @@ import json
 
 import yaml
 
-from app.report import summary_rows
+from app.report import summary_rows, sweep_report
 from engine.sink import StepReport
 from jobs.store.status import RunStatus, SweepStatus
 from jobs.sweeps.driver import advance_sweeps
@@ -61,6 +61,19 @@ def test_sweep_starts_a_grid_and_sweeps_lists_it(db, config_file, capsys):
     assert row.split()[:8] == [str(sweep.id), "sw", "active", "grid", "2/2", "1", "0.25", "(run"]
     code, out, _ = run_cli(capsys, "runs")
     assert "sw-t000" in out and "sw-t001" in out  # its runs are runs
+
+
+def test_sweep_tag_labels_every_run_of_the_sweep(db, config_file, capsys):
+    code, out, err = start(capsys, config_file, "--tag", "night", "--tag", "lr-search")
+    assert code == 0, err
+    assert "its runs are tagged sweep:sw, night, lr-search" in out.splitlines()
+    (sweep,) = db.list_sweeps()
+    assert sweep.tags == ["night", "lr-search"]
+    advance_sweeps(db)
+    runs = db.sweep_runs(sweep.id)
+    assert len(runs) == 2
+    assert all(r.tags == ["sweep:sw", "night", "lr-search"] for r in runs)
+    assert "<th>tags</th><td>night, lr-search</td>" in sweep_report(db, sweep.id)
 
 
 def test_a_space_file_with_options_that_override_it(db, config_file, capsys, tmp_path):

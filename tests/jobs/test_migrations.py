@@ -254,3 +254,32 @@ def test_0004_adds_sweeps_and_leaves_earlier_runs_in_none(db_url):
         names = conn.exec_driver_sql("SELECT name FROM runs ORDER BY id").scalars().all()
     assert names == ["old", "sw-t001"]
     engine.dispose()
+
+
+def test_0005_gives_earlier_sweeps_no_tags_and_its_downgrade_keeps_them(db_url):
+    upgrade(db_url, "0004")
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO sweeps (name, status, method, spec, base_config, created_at, updated_at)"
+            " VALUES ('old', 'finished', 'grid', '{}', '{}', '2026-01-01 00:00:00',"
+            " '2026-01-01 00:00:00')"
+        )
+    engine.dispose()
+    upgrade(db_url)
+    store = Store(db_url)
+    assert store.get_sweep("old").tags == []
+    new = store.create_sweep(name="new", spec={"method": "grid"}, base_config={}, tags=["a", "b"])
+    assert store.get_sweep(new.id).tags == ["a", "b"]
+    store.close()
+    engine = make_engine(db_url)
+    [tags] = [c for c in inspect(engine).get_columns("sweeps") if c["name"] == "tags"]
+    assert tags["nullable"] is False
+    engine.dispose()
+    downgrade(db_url, "0004")  # and back: the column goes, every sweep stays
+    engine = make_engine(db_url)
+    assert "tags" not in {c["name"] for c in inspect(engine).get_columns("sweeps")}
+    with engine.connect() as conn:
+        names = conn.exec_driver_sql("SELECT name FROM sweeps ORDER BY id").scalars().all()
+    assert names == ["old", "new"]
+    engine.dispose()

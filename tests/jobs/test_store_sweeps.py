@@ -47,6 +47,18 @@ def test_a_sweep_round_trips_and_is_found_by_id_or_name(store):
         store.get_sweep("nope")
 
 
+def test_a_sweeps_tags_are_stored_in_their_order_and_default_to_none(store):
+    tagged = make_sweep(store, tags=["lr-search", "night"])
+    untagged = make_sweep(store, name="plain")
+    assert tagged.tags == ["lr-search", "night"]
+    assert store.get_sweep("sw").tags == ["lr-search", "night"]
+    assert {s.name: s.tags for s in store.list_sweeps()} == {
+        "sw": ["lr-search", "night"],
+        "plain": [],
+    }
+    assert store.get_sweep(untagged.id).tags == []
+
+
 def test_a_sweep_name_is_taken_once(store):
     make_sweep(store)
     with pytest.raises(StoreError, match="a sweep named 'sw' exists already"):

@@ -68,13 +68,13 @@ def base(data, tmp_path) -> RunConfig:
     )
 
 
-def sweep_of(store, base, name="sw", **space):
+def sweep_of(store, base, name="sw", tags=(), **space):
     mapping = {
         "parameters": {"noise_std": {"values": [0.001, 0.002, 0.003]}},
         "objective": {"metric": REWARD, "mode": "max"},
         **space,
     }
-    return start_sweep(store, base, parse_space(mapping, base), name=name)
+    return start_sweep(store, base, parse_space(mapping, base), name=name, tags=tags)
 
 
 def play(store, run, values, status=RunStatus.SUCCEEDED):
@@ -207,6 +207,20 @@ def test_a_trial_that_cannot_be_queued_is_a_failed_run_and_the_sweep_goes_on(
         "data/x.parquet",
     ]  # as the space gives them
     assert store.get_sweep(sweep.id).status is SweepStatus.FINISHED
+
+
+def test_every_run_of_a_sweep_carries_its_tags_a_failed_trial_too(sqlite_store, base):
+    store = sqlite_store
+    space = {"parameters": {"train_file": {"values": ["data/tasks/a.parquet", "data/x.parquet"]}}}
+    sweep = sweep_of(store, base, tags=["night", "sweep:sw", "lr", "night"], parallel=2, **space)
+    assert store.get_sweep(sweep.id).tags == ["night", "sweep:sw", "lr"]  # each once, in order
+    advance_sweeps(store)
+    queued, failed = runs_of(store, sweep)
+    assert (queued.status, failed.status) == (RunStatus.QUEUED, RunStatus.FAILED)
+    for run in (queued, failed):
+        assert run.tags == ["sweep:sw", "night", "lr"]
+    runs, total = store.search_runs(tag="night")
+    assert total == 2 and {r.id for r in runs} == {queued.id, failed.id}
 
 
 def test_cancelling_a_sweep_cancels_its_queued_and_running_runs(sqlite_store, base):
