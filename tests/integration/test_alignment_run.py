@@ -27,7 +27,7 @@ def default_scorer(tmp_path_factory):
     folder = default_scorer_dir()
     if not default_scorers_ready(folder):
         folder = tmp_path_factory.mktemp("scorers")
-        train_default_scorers(folder, epochs=2)
+        train_default_scorers(folder, epochs=1)  # what they score matters here, not how well
     with running_scorer(folder / "reward", folder / "cost") as scorer:
         yield scorer
 
