@@ -23,6 +23,24 @@ TABLES = {
 }
 
 
+def execute(db_url: str, *statements: str) -> None:
+    """Run SQL on the database as it stands, in one transaction: rows as an earlier version
+    of ES Lab wrote them, or a state only another program leaves."""
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        for statement in statements:
+            conn.exec_driver_sql(statement)
+    engine.dispose()
+
+
+def old_run(step: int) -> str:
+    """A failed run 'u-1' named 'old' at `step`, as every revision's runs table takes it."""
+    return (
+        "INSERT INTO runs (uuid, name, method, status, config, created_at, step, tags, notes)"
+        f" VALUES ('u-1', 'old', 'es', 'failed', '{{}}', '2026-01-01 00:00:00', {step}, '[]', '')"
+    )
+
+
 def test_upgrade_then_downgrade_on_a_fresh_file(db_url):
     upgrade(db_url)
     engine = make_engine(db_url)
@@ -94,10 +112,7 @@ def test_store_refuses_an_older_migration(db_url):
 
 def test_a_database_newer_than_the_code_says_so(db_url):
     upgrade(db_url)
-    engine = make_engine(db_url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '0099_from_the_future'")
-    engine.dispose()
+    execute(db_url, "UPDATE alembic_version SET version_num = '0099_from_the_future'")
     newer = r"migration 0099_from_the_future, .* this code is older than the database"
     for attempt in (lambda: Store(db_url), lambda: upgrade(db_url), lambda: downgrade(db_url)):
         with pytest.raises(SchemaNewerError, match=newer) as refused:
@@ -116,13 +131,7 @@ def test_an_unreachable_database_gives_one_clear_line(tmp_path):
 
 def test_0002_keeps_existing_runs_as_their_first_attempt(db_url):
     upgrade(db_url, "0001")
-    engine = make_engine(db_url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(
-            "INSERT INTO runs (uuid, name, method, status, config, created_at, step, tags, notes)"
-            " VALUES ('u-1', 'old', 'es', 'failed', '{}', '2026-01-01 00:00:00', 3, '[]', '')"
-        )
-    engine.dispose()
+    execute(db_url, old_run(step=3))
     upgrade(db_url)
     store = Store(db_url)
     assert store.get_run("u-1").attempt == 1
@@ -198,17 +207,12 @@ def test_a_row_that_refers_to_a_missing_run_stops_the_migration_and_changes_noth
 
 def test_0003_adds_each_samples_scores_and_leaves_earlier_rows_without(db_url):
     upgrade(db_url, "0002")
-    engine = make_engine(db_url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(
-            "INSERT INTO runs (uuid, name, method, status, config, created_at, step, tags, notes)"
-            " VALUES ('u-1', 'old', 'es', 'failed', '{}', '2026-01-01 00:00:00', 1, '[]', '')"
-        )
-        conn.exec_driver_sql(
-            "INSERT INTO population (run_id, step, member, seed, fitness, reward, cost)"
-            " VALUES (1, 1, 0, 7, 0.5, 1.0, -0.5)"
-        )
-    engine.dispose()
+    execute(
+        db_url,
+        old_run(step=1),
+        "INSERT INTO population (run_id, step, member, seed, fitness, reward, cost)"
+        " VALUES (1, 1, 0, 7, 0.5, 1.0, -0.5)",
+    )
     upgrade(db_url)
     store = Store(db_url)
     assert store.sample_scores("u-1", 1) == []  # recorded before: the members' means only
@@ -230,13 +234,7 @@ def test_0003_adds_each_samples_scores_and_leaves_earlier_rows_without(db_url):
 
 def test_0004_adds_sweeps_and_leaves_earlier_runs_in_none(db_url):
     upgrade(db_url, "0003")
-    engine = make_engine(db_url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(
-            "INSERT INTO runs (uuid, name, method, status, config, created_at, step, tags, notes)"
-            " VALUES ('u-1', 'old', 'es', 'failed', '{}', '2026-01-01 00:00:00', 1, '[]', '')"
-        )
-    engine.dispose()
+    execute(db_url, old_run(step=1))
     upgrade(db_url)
     store = Store(db_url)
     old = store.get_run("u-1")
@@ -258,14 +256,12 @@ def test_0004_adds_sweeps_and_leaves_earlier_runs_in_none(db_url):
 
 def test_0005_gives_earlier_sweeps_no_tags_and_its_downgrade_keeps_them(db_url):
     upgrade(db_url, "0004")
-    engine = make_engine(db_url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(
-            "INSERT INTO sweeps (name, status, method, spec, base_config, created_at, updated_at)"
-            " VALUES ('old', 'finished', 'grid', '{}', '{}', '2026-01-01 00:00:00',"
-            " '2026-01-01 00:00:00')"
-        )
-    engine.dispose()
+    execute(
+        db_url,
+        "INSERT INTO sweeps (name, status, method, spec, base_config, created_at, updated_at)"
+        " VALUES ('old', 'finished', 'grid', '{}', '{}', '2026-01-01 00:00:00',"
+        " '2026-01-01 00:00:00')",
+    )
     upgrade(db_url)
     store = Store(db_url)
     assert store.get_sweep("old").tags == []
