@@ -79,9 +79,7 @@ def test_learning_rate_zero_saves_the_input_weights(pool, tmp_path, default_mode
         assert torch.equal(saved[name].view(torch.uint8), tensor.view(torch.uint8)), name
 
 
-def test_the_same_seed_repeats_a_run_and_a_resume_continues_it_exactly(
-    pool, vllm_engine, tmp_path
-):
+def test_the_same_seed_repeats_a_run_and_a_resume_continues_it_exactly(pool, vllm_engine, tmp_path):
     """A run stopped after step 1 repeats the uninterrupted run's step 1 (same seed, same
     metrics), and resumed from its checkpoint it gives the uninterrupted run's step 2."""
     vllm_engine.save_master(str(tmp_path / "input"))
