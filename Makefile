@@ -25,16 +25,10 @@ INSTALLING := $(VENV)/.eslab-installing
 run: setup
 	$(ESLAB) serve
 
-# Two pytest-xdist workers: one runs the heavy tests (vLLM engines, Ray, serve), all of them in
-# order on its session engines, while the other runs the rest; tests/conftest.py groups them.
-# The heavy tests spend much of their time waiting (processes and engines starting, runs
-# polled), which the other worker fills. TEST_WORKERS=0 runs everything in one process.
-TEST_WORKERS ?= 2
-
 # pytest exits 5 when it collected no tests: that is a failure too (a suite that ran
 # nothing proves nothing), and it is said in words.
 test: setup system-deps
-	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS); code=$$?; \
+	@$(PY) -m pytest $(PYTEST_ARGS); code=$$?; \
 	if [ $$code -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$code
 
 setup: deps model db

@@ -89,25 +89,5 @@ tears down vLLM's process-wide parallel groups, which the session's shared engin
 instead left too little memory for the two-engine test."""
 
 
-ENGINE_GROUP = "engines"
-"""The pytest-xdist group of every heavy test (`make test` runs `-n 2 --dist loadgroup`): one
-worker runs them all, in order, so they share its session engines and the machine's memory
-holds one set of engines; the other worker runs the rest meanwhile."""
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Heavy tests first, then the others, LAST_MODULE last of all (the sort is stable: the
-    order is kept otherwise), so that the engines' worker, the longest, starts at once; each
-    test grouped for pytest-xdist: the heavy ones together, any other with its module (its
-    module's fixtures set up once)."""
-    items.sort(
-        key=lambda item: (
-            item.nodeid.startswith(LAST_MODULE),
-            item.get_closest_marker("heavy") is None,
-        )
-    )
-    for item in items:
-        heavy = item.get_closest_marker("heavy") is not None
-        item.add_marker(
-            pytest.mark.xdist_group(ENGINE_GROUP if heavy else item.nodeid.split("::")[0])
-        )
+    items.sort(key=lambda item: item.nodeid.startswith(LAST_MODULE))  # stable: order kept
