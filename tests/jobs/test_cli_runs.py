@@ -65,6 +65,9 @@ def test_submit_prints_the_address_of_the_dashboard_that_serves(db, config_file,
         ],
         cwd=PROJECT_ROOT,
         stdout=subprocess.DEVNULL,
+        # as in a terminal, whatever started the tests: a suite run in the background of a
+        # shell inherits SIGINT ignored, and Python then never raises KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         base = f"http://127.0.0.1:{port}"
