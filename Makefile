@@ -25,11 +25,26 @@ INSTALLING := $(VENV)/.eslab-installing
 run: setup
 	$(ESLAB) serve
 
-# pytest exits 5 when it collected no tests: that is a failure too (a suite that ran
-# nothing proves nothing), and it is said in words.
+# The whole suite runs in two passes. The quick tests (not `heavy`: no vLLM engine, no Ray
+# cluster; single-threaded Python) go first, on pytest-xdist workers, one per core up to 4. The
+# heavy ones follow in one process, one at a time: they share one engine per session, and two
+# engines on the same cores slow each other several fold (OpenMP threads spin while they wait).
+# Both passes run even when the first fails; make fails if either did. PYTEST_ARGS runs one
+# plain pytest of those arguments instead. pytest exits 5 when it collected no tests: that is a
+# failure too (a suite that ran nothing proves nothing), and it is said in words.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
+export PYTEST_ARGS
+
 test: setup system-deps
-	@$(PY) -m pytest $(PYTEST_ARGS); code=$$?; \
-	if [ $$code -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$code
+	@failed=0; \
+	run_pytest() { \
+		echo "make test: pytest $$1"; \
+		eval "$(PY) -m pytest $$1" || { code=$$?; failed=$$code; \
+			if [ $$code -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; }; \
+	}; \
+	if [ -n "$$PYTEST_ARGS" ]; then run_pytest "$$PYTEST_ARGS"; \
+	else run_pytest "-m 'not heavy' -n $(TEST_WORKERS)"; run_pytest "-m heavy"; fi; \
+	exit $$failed
 
 setup: deps model db
 
