@@ -226,12 +226,17 @@ def test_a_worker_whose_run_was_resumed_stops_and_writes_nothing(
 ):
     """A worker given up for dead (the scheduler failed the run) but only frozen, whose run
     was then resumed: the heartbeat of attempt 1 is refused and the worker exits at once,
-    leaving attempt 2 as the resume made it."""
+    leaving attempt 2 as the resume made it. The worker is really frozen (SIGSTOP) while the
+    run fails and resumes, so its heartbeat never falls between the two."""
     run = queue_run(sqlite_store, tmp_path / "out", max_steps=40, save_steps=2)
     worker = start_worker(sqlite_url, run.id, ESLAB_STANDIN_STEP_S="2")
     wait_for(lambda: step_of(sqlite_store, run.id) >= 1, 20, "step 1")
-    assert sqlite_store.finish_run(run.id, RunStatus.FAILED, error="no heartbeat", attempt=1)
-    resumed = sqlite_store.resume_run(run.id, 0)
+    os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        assert sqlite_store.finish_run(run.id, RunStatus.FAILED, error="no heartbeat", attempt=1)
+        resumed = sqlite_store.resume_run(run.id, 0)
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
     code, out = finish(worker, timeout=15)  # far less than the rest of its step
     assert code == 1
     assert f"run {run.id}: attempt 1 may no longer write: the run was resumed as attempt 2" in out
