@@ -39,6 +39,7 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
+from engine.backends.vllm.cpu.resources import RUNS_SHARING_SETTING
 from engine.paths import PROJECT_ROOT
 from jobs.liveness import silent_seconds
 from jobs.outcome import with_log_tail
@@ -61,8 +62,9 @@ class SchedulerSettings:
     """How the scheduler paces and polices runs; `from_env` reads ESLAB_* overrides."""
 
     max_concurrent_runs: int = 1
-    """Runs at once. One by default: on a CPU machine a second vLLM engine only halves the
-    speed of the first."""
+    """Runs at once. One by default: on a CPU machine runs side by side share the cores (each
+    engine takes its share of them, through ESLAB_CPU_RUNS_SHARING in the job's environment),
+    so a second run makes the first about 1.5 times slower."""
     tick_seconds: float = 3.0
     """Seconds between ticks: how soon a queued run starts and a dead one is noticed."""
     heartbeat_seconds: float = 5.0
@@ -416,6 +418,9 @@ class Scheduler:
             # Ray reads this in the job's supervisor: the time between SIGTERM and SIGKILL.
             "RAY_JOB_STOP_WAIT_TIME_S": str(int(self.settings.stop_wait_seconds)),
             "ESLAB_ABANDON_AFTER_S": str(self.settings.stop_wait_seconds / 2),
+            # A CPU engine takes its share of the node's cores, so that the runs side by side
+            # do not oversubscribe them (engine/backends/vllm/cpu/resources.py).
+            RUNS_SHARING_SETTING: str(self.settings.max_concurrent_runs),
         }
         if os.environ.get("ESLAB_DATA_DIR"):
             env["ESLAB_DATA_DIR"] = os.path.abspath(os.environ["ESLAB_DATA_DIR"])

@@ -28,10 +28,25 @@ def test_an_engine_gets_one_thread_per_usable_core_unless_told_otherwise() -> No
     assert resources.thread_env([0, 1], environ={"OMP_NUM_THREADS": "7"}) == {}
 
 
+def test_runs_that_share_the_cores_divide_them() -> None:
+    sharing = {"ESLAB_CPU_RUNS_SHARING": "2"}
+    assert resources.thread_env([0, 1, 2, 3], environ=sharing) == {"OMP_NUM_THREADS": "2"}
+    assert resources.thread_env([0, 1, 2], environ=sharing) == {"OMP_NUM_THREADS": "1"}
+    # more runs than cores: still one thread each
+    assert resources.thread_env([0], environ={"ESLAB_CPU_RUNS_SHARING": "4"}) == {
+        "OMP_NUM_THREADS": "1"
+    }
+    # an explicit thread count wins over the share
+    assert resources.thread_env([0, 1], environ={**sharing, "ESLAB_CPU_THREADS": "2"}) == {
+        "OMP_NUM_THREADS": "2"
+    }
+
+
+@pytest.mark.parametrize("setting", ["ESLAB_CPU_THREADS", "ESLAB_CPU_RUNS_SHARING"])
 @pytest.mark.parametrize("bad", ["0", "-2", "two", "1.5"])
-def test_a_bad_thread_count_names_the_setting(bad: str) -> None:
-    with pytest.raises(ValueError, match="ESLAB_CPU_THREADS"):
-        resources.thread_env([0, 1], environ={"ESLAB_CPU_THREADS": bad})
+def test_a_bad_thread_count_names_the_setting(setting: str, bad: str) -> None:
+    with pytest.raises(ValueError, match=setting):
+        resources.thread_env([0, 1], environ={setting: bad})
 
 
 def test_kv_bytes_per_token_counts_the_key_value_heads_of_every_layer() -> None:

@@ -4,8 +4,12 @@ Threads. vLLM CPU serves on one torch thread unless OMP_NUM_THREADS is set outsi
 Torch threads from N to 1 for serving"), and an in-process engine runs with
 VLLM_CPU_OMP_THREADS_BIND=nobind (see engine.py). So each engine is given OMP_NUM_THREADS = the
 cores it may use: all the cores of this process's affinity for a single engine, its own core
-set in a pool of several (pool.py). `ESLAB_CPU_THREADS` overrides the count, and an
-OMP_NUM_THREADS that the operator set is left alone.
+set in a pool of several (pool.py). Where several runs may share the machine's cores
+(`ESLAB_CPU_RUNS_SHARING`, which the scheduler sets to its max_concurrent_runs), a run's engine
+takes its share of them: two engines of two OpenMP threads each on two cores spin against each
+other and generate several times slower than one, where two of one thread each generate about
+1.3 times the tokens of one. `ESLAB_CPU_THREADS` overrides the count, and an OMP_NUM_THREADS
+that the operator set is left alone.
 
 KV cache. vLLM CPU's default is a share of all RAM (`gpu_memory_utilization` 0.3 here: about
 6 GiB on a 24 GB machine) allocated at start, whatever the run needs; a run of the default
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 THREADS_SETTING = "ESLAB_CPU_THREADS"
+RUNS_SHARING_SETTING = "ESLAB_CPU_RUNS_SHARING"
 KV_CACHE_SETTING = "ESLAB_CPU_KV_CACHE_GIB"
 DEFAULT_KV_CACHE_GIB = 2.0
 
@@ -34,20 +39,30 @@ _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4
 
 def thread_env(cores: Sequence[int], environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The OpenMP settings for an engine that may run on `cores`: {} where the operator set
-    OMP_NUM_THREADS, else OMP_NUM_THREADS = ESLAB_CPU_THREADS or the number of cores."""
+    OMP_NUM_THREADS, else OMP_NUM_THREADS = ESLAB_CPU_THREADS or the engine's share of the
+    cores."""
     if "OMP_NUM_THREADS" in environ:
         return {}
     return {"OMP_NUM_THREADS": str(threads_for(len(cores), environ))}
 
 
 def threads_for(cores: int, environ: Mapping[str, str] = os.environ) -> int:
-    """ESLAB_CPU_THREADS where set (a positive integer, else a ValueError naming it), else
-    `cores` (at least 1)."""
-    raw = environ.get(THREADS_SETTING, "").strip()
+    """ESLAB_CPU_THREADS where set, else `cores` divided among the ESLAB_CPU_RUNS_SHARING runs
+    that may use them at once (at least 1 thread). A setting that is not a whole number from
+    1 is a ValueError naming it."""
+    threads = _whole_number(environ, THREADS_SETTING)
+    if threads is not None:
+        return threads
+    runs = _whole_number(environ, RUNS_SHARING_SETTING) or 1
+    return max(1, cores // runs)
+
+
+def _whole_number(environ: Mapping[str, str], name: str) -> int | None:
+    raw = environ.get(name, "").strip()
     if not raw:
-        return max(1, cores)
+        return None
     if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{THREADS_SETTING} must be a positive whole number, got {raw!r}")
+        raise ValueError(f"{name} must be a positive whole number, got {raw!r}")
     return int(raw)
 
 
