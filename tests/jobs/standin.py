@@ -6,6 +6,8 @@ Ray with it, in seconds; tests/jobs/test_end_to_end.py runs the real trainer.
 
 Steps last ESLAB_STANDIN_STEP_S seconds (default 0.2). The run's reward function is
 called once a step, so a raising one makes the run fail as a real reward error would.
+ESLAB_STANDIN_BARRIER=FOLDER:N holds a run before its first step until N runs got there, so
+runs that a test needs side by side overlap however late Ray starts one of them.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def train(
         step = json.loads((Path(resume_from) / STATE_FILE).read_text())["global_step"]
         sink.log_event("info", f"resumed from {resume_from} at step {step}")
     sink.log_event("info", f"pid {os.getpid()}")
+    wait_at_barrier(os.environ.get("ESLAB_STANDIN_BARRIER"))
     while step < total:
         time.sleep(step_seconds)
         step += 1
@@ -73,6 +76,20 @@ def train(
             raise TrainingStopped(f"stopped after step {step}")
     (output_dir / "final.json").write_text(json.dumps({"global_step": step}))
     return output_dir
+
+
+def wait_at_barrier(barrier: str | None, timeout_s: float = 60) -> None:
+    """Wait until FOLDER holds N files, this run's included (see the module's docstring)."""
+    if not barrier:
+        return
+    folder, count = barrier.rsplit(":", 1)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / str(os.getpid())).touch()
+    deadline = time.monotonic() + timeout_s
+    while len(list(Path(folder).iterdir())) < int(count):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"fewer than {count} runs reached {folder} in {timeout_s:.0f} s")
+        time.sleep(0.05)
 
 
 def train_without_hook(

@@ -40,13 +40,13 @@ def standin_entrypoint(run):
 def make_scheduler(sqlite_store, ray_address):
     made: list[Scheduler] = []
 
-    def make(step_seconds="0.2", entrypoint=standin_entrypoint, **settings):
+    def make(step_seconds="0.2", entrypoint=standin_entrypoint, env=None, **settings):
         scheduler = Scheduler(
             sqlite_store,
             RayJobs(ray_address),
             SchedulerSettings(**{**SETTINGS.__dict__, **settings}),
             entrypoint=entrypoint,
-            job_env={"ESLAB_STANDIN_STEP_S": step_seconds},
+            job_env={"ESLAB_STANDIN_STEP_S": step_seconds, **(env or {})},
         )
         made.append(scheduler)
         return scheduler
@@ -120,7 +120,9 @@ def test_two_runs_at_once_write_without_database_locked_errors(
         )
         for i in range(2)
     ]
-    assert make_scheduler(step_seconds="0").start()
+    # Both start their steps together, so they overlap even where Ray starts one late.
+    barrier = {"ESLAB_STANDIN_BARRIER": f"{tmp_path / 'barrier'}:2"}
+    assert make_scheduler(step_seconds="0", env=barrier).start()
     ended = wait_for(
         lambda: all(status(sqlite_store, r.id).is_terminal() for r in runs), 120, "both runs to end"
     )
