@@ -64,7 +64,8 @@ class SchedulerSettings:
     max_concurrent_runs: int = 1
     """Runs at once. One by default: on a CPU machine runs side by side share the cores (each
     engine takes its share of them, through ESLAB_CPU_RUNS_SHARING in the job's environment),
-    so a second run makes the first about 1.5 times slower."""
+    and on 2 cores two runs at once each stepped 3 times slower than one alone
+    (docs/benchmarks.md)."""
     tick_seconds: float = 3.0
     """Seconds between ticks: how soon a queued run starts and a dead one is noticed."""
     heartbeat_seconds: float = 5.0
