@@ -7,9 +7,9 @@ cores it may use: all the cores of this process's affinity for a single engine, 
 set in a pool of several (pool.py). Where several runs may share the machine's cores
 (`ESLAB_CPU_RUNS_SHARING`, which the scheduler sets to its max_concurrent_runs), a run's engine
 takes its share of them: two engines of two OpenMP threads each on two cores spin against each
-other and generate several times slower than one, where two of one thread each generate about
-1.3 times the tokens of one. `ESLAB_CPU_THREADS` overrides the count, and an OMP_NUM_THREADS
-that the operator set is left alone.
+other, and each stepped twice as slow as with one thread each (docs/benchmarks.md).
+`ESLAB_CPU_THREADS` overrides the count, and an OMP_NUM_THREADS that the operator set is left
+alone.
 
 KV cache. vLLM CPU's default is a share of all RAM (`gpu_memory_utilization` 0.3 here: about
 6 GiB on a 24 GB machine) allocated at start, whatever the run needs; a run of the default
