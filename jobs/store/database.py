@@ -8,6 +8,8 @@ scheduler and the dashboard can read while one of them writes (MLflow PR 6490).
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -119,13 +121,30 @@ def _sqlite_engine(url: str, database: str | None, *, migrating: bool) -> Engine
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    _use_wal(cursor)
     cursor.execute("PRAGMA foreign_keys=ON")
     # NORMAL is durable across application crashes in WAL mode (only a power loss can drop
     # the last transactions), and makes per-step commits cheap.
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+
+
+def _use_wal(cursor: Any) -> None:
+    """WAL mode, retried while the file is locked. Switching a new database to WAL upgrades a
+    shared lock to an exclusive one, and where another process holds a lock SQLite answers
+    "database is locked" at once instead of calling its busy handler (which could deadlock):
+    processes that open one new database together met it. WAL is stored in the file, so once
+    one of them switched it, the others' switch is a no-op."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _sqlite_migration_connection(dbapi_connection: Any, _record: Any) -> None:

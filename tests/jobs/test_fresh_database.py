@@ -4,8 +4,10 @@ even when several open it at once (`eslab serve` and a worker, two CLIs)."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -74,3 +76,24 @@ def test_processes_that_open_a_new_database_at_once_all_succeed(db_url, tmp_path
         _, stderr = process.communicate(timeout=120)
         assert process.returncode == 0, stderr
     assert_at_head(db_url)
+
+
+def test_a_new_database_that_another_process_writes_is_switched_to_wal_once_it_is_free(
+    tmp_path: Path,
+):
+    """While another connection holds a write lock on a database in rollback mode, SQLite
+    refuses the switch to WAL at once, busy timeout or not: the switch is retried."""
+    path = tmp_path / "eslab.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (i INTEGER)")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO t VALUES (1)")
+    release = threading.Timer(0.5, holder.execute, ["COMMIT"])
+    release.start()
+    try:
+        with make_engine(f"sqlite:///{path}").connect() as connection:
+            mode = connection.exec_driver_sql("PRAGMA journal_mode").scalar()
+    finally:
+        release.join()
+        holder.close()
+    assert mode == "wal"
