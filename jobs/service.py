@@ -13,6 +13,7 @@ same database says so and serves the dashboard alone.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -41,6 +42,8 @@ from jobs.store.store import Store
 from jobs.uploads import clean_uploads
 
 RAY_START_TIMEOUT_S = 120.0
+RAY_DASHBOARD_PORT = 8265
+"""Ray's own default, for a local head: taken when free, else any free port."""
 DASHBOARD_FILE = "dashboard-url"
 """In the private folder (jobs.private_files): the address of the serving dashboard."""
 DASHBOARD_APP = Path(__file__).resolve().parents[1] / "app" / "main.py"
@@ -130,7 +133,29 @@ def ray_cluster(
         yield os.environ["RAY_ADDRESS"], False
         return
     temp_dir = tempfile.mkdtemp(prefix="eslab-ray-")
-    dashboard_port = _free_port(preferred=8265)
+    log = open(os.path.join(temp_dir, "ray-start.log"), "w")  # noqa: SIM115 - closed below
+    head = None
+    try:
+        with _one_head_start_at_a_time():
+            dashboard_port = _free_port(preferred=RAY_DASHBOARD_PORT)
+            command = _head_command(temp_dir, dashboard_port, num_cpus, object_store_bytes)
+            head = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )  # out of reach of the terminal's Ctrl-C
+            address = f"http://127.0.0.1:{dashboard_port}"
+            _wait_until_up(head, address, log.name)
+        print(f"Ray dashboard on {address}", flush=True)
+        yield address, True
+    finally:
+        if head is not None:
+            _terminate(head, timeout=60)  # `ray start --block` stops its processes on SIGTERM
+        log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _head_command(
+    temp_dir: str, dashboard_port: int, num_cpus: int | None, object_store_bytes: int | None
+) -> list[str]:
     command = [
         sys.executable,
         "-m",
@@ -151,19 +176,20 @@ def ray_cluster(
         command.append(f"--num-cpus={num_cpus}")
     if object_store_bytes:
         command.append(f"--object-store-memory={object_store_bytes}")
-    log = open(os.path.join(temp_dir, "ray-start.log"), "w")  # noqa: SIM115 - closed below
-    head = subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )  # out of reach of the terminal's Ctrl-C
-    address = f"http://127.0.0.1:{dashboard_port}"
-    try:
-        _wait_until_up(head, address, log.name)
-        print(f"Ray dashboard on {address}", flush=True)
-        yield address, True
-    finally:
-        _terminate(head, timeout=60)  # `ray start --block` stops its processes on SIGTERM
-        log.close()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+    return command
+
+
+@contextmanager
+def _one_head_start_at_a_time() -> Iterator[None]:
+    """Held from choosing the head's ports until its dashboard answers. The ports are free
+    when chosen and bound by Ray seconds later: two heads starting at once on one machine (two
+    serves, test sessions side by side) both chose RAY_DASHBOARD_PORT, and one of them then
+    sent its runs to the other's cluster. This user's head starts take turns; the lock goes
+    with the process."""
+    path = Path(tempfile.gettempdir()) / f"eslab-ray-start-{os.getuid()}.lock"
+    with path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _wait_until_up(head: subprocess.Popen, address: str, log_path: str) -> None:

@@ -125,3 +125,37 @@ def test_sigterm_stops_serve_like_ctrl_c(sqlite_store, sqlite_url):
             urllib.request.urlopen(ray_url, timeout=2)  # the local Ray head is gone
     finally:
         serve.kill()
+
+
+def test_two_local_heads_started_at_once_each_answer_with_their_own_cluster(monkeypatch):
+    """Two serves (or test sessions) starting a local Ray head at the same moment: both would
+    take the free preferred dashboard port, and the second then talked to the first's
+    cluster. Each must come up at an address of its own, with its own CPUs."""
+    from jobs import service
+    from jobs.ray_jobs import RayJobs
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(service, "RAY_DASHBOARD_PORT", free_port())  # free for both to choose
+    both_started, both_read = threading.Barrier(2, timeout=150), threading.Barrier(2, timeout=150)
+    seen: dict[int, tuple[str, float]] = {}
+    failures: list[BaseException] = []
+
+    def head(cpus: int) -> None:
+        try:
+            both_started.wait()
+            with service.ray_cluster(num_cpus=cpus, object_store_bytes=100 << 20) as (url, _):
+                resources = RayJobs(url).cluster_resources  # the node registers after the dashboard
+                seen[cpus] = (url, wait_for(lambda: resources().get("CPU"), 60, "the head's CPUs"))
+                both_read.wait()  # neither stops before the other has read its cluster
+        except BaseException as exc:  # reported by the test below
+            failures.append(exc)
+            both_read.abort()
+
+    threads = [threading.Thread(target=head, args=(cpus,)) for cpus in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+    assert seen[1][0] != seen[2][0]
+    assert (seen[1][1], seen[2][1]) == (1.0, 2.0)
