@@ -66,15 +66,20 @@ def test_cancelling_a_real_run_stops_its_job_promptly(
     assert steps == list(range(1, stopped.step + 1))
 
 
-def worker_process(run_id: int):
-    """The worker of a run (the Ray job's entrypoint, under a shell), by its command line."""
+def worker_process(run_id: int, database_url: str):
+    """The worker of a run (the Ray job's entrypoint, under a shell), by its command line and
+    its database: another test session on the machine may run a worker of the same run id."""
     import psutil
 
     wanted = ["-m", "jobs.worker", str(run_id)]
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info["cmdline"] or []
         if any(cmdline[i : i + 3] == wanted for i in range(len(cmdline))):
-            return process
+            try:
+                if process.environ().get("ESLAB_DATABASE_URL") == database_url:
+                    return process
+            except psutil.Error:  # ended, or another user's
+                continue
     return None
 
 
@@ -85,7 +90,7 @@ def test_kill_9_then_resume_finishes_a_real_run(
 
     run = queue_real_run(sqlite_store, tmp_path, max_steps=4, save_steps=1)
     wait_for(lambda: sqlite_store.checkpoints(run.id), 400, "the first checkpoint", interval=0.2)
-    worker = worker_process(run.id)
+    worker = worker_process(run.id, sqlite_url)
     assert worker is not None
     worker.kill()
     failed = wait_for(lambda: ended(sqlite_store, run.id), 30, "the run to be failed")

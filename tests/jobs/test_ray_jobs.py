@@ -21,7 +21,9 @@ def python(code: str) -> str:
 def test_submit_is_idempotent_and_state_logs_and_env_come_back(ray_address):
     jobs = RayJobs(ray_address)
     sid = f"test-{uuid.uuid4()}"
-    entry = python("import os; print('hello', os.environ['ESLAB_X'])")
+    # Ray's job supervisor writes its own "Running entrypoint" line to the log as the child
+    # starts; under load the child's line came first. The pause makes "hello 42" the last.
+    entry = python("import os, time; time.sleep(1); print('hello', os.environ['ESLAB_X'])")
     assert jobs.submit(sid, entry, env_vars={"ESLAB_X": "42"})
     assert not jobs.submit(sid, python("print('second copy')"))  # refused: same id
     state = wait_for(lambda: (s := jobs.state(sid)).is_terminal() and s, 60, "the job to end")
