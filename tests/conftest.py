@@ -1,8 +1,13 @@
-"""Fixtures shared by every test folder.
+"""Fixtures shared by every test folder, and how a session shares the machine.
 
-A real vLLM engine costs about 30 s to start and a few GiB of memory, so the heavy tests share
-one per session (`vllm_engine`). Tests that change its weights must give them back (restore,
-or save_master before and load_master after), so every test sees the input model.
+A real vLLM engine costs about 10-30 s to start and a few GiB of memory, so the heavy tests
+share one per session (`vllm_engine`). Tests that change its weights must give them back
+(restore, or save_master before and load_master after), so every test sees the input model.
+
+`make test` runs the suite on pytest-xdist workers, one per core (`--dist loadfile`: a file's
+tests run in one worker, with its module fixtures). Each worker is then a session of its own,
+so the settings below keep several of them within the machine: the cores are divided among
+the workers, and every engine a session starts gets a small KV cache.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.backends.vllm.cpu.resources import KV_CACHE_SETTING
 from engine.rewards import REWARD_MODULES_SETTING
 
 # The tests name reward functions of their own modules (tests.jobs.standin.reward, ...), which
@@ -20,9 +26,26 @@ from engine.rewards import REWARD_MODULES_SETTING
 # subprocesses, the scheduler's Ray jobs and foreground runs of the session all see it.
 os.environ[REWARD_MODULES_SETTING] = "tests"
 
-TEST_KV_CACHE_FRACTION = 0.2
-"""`gpu_memory_utilization` of test engines: on the CPU, the share of RAM for vLLM (weights
-included, about 1 GiB of it for the KV cache) — other test sessions share this machine."""
+TEST_KV_CACHE_GIB = 0.25
+"""The KV cache of every engine a session starts (in this process, in `eslab` commands and in
+Ray jobs; ESLAB_CPU_KV_CACHE_GIB): 10,000 tokens of the default model, where a test decodes a
+few hundred. The default 2 GiB, or vLLM's share of RAM (3.7 GiB at 0.2 of this machine's 24
+GB), would not let two workers' engines fit in its memory."""
+os.environ.setdefault(KV_CACHE_SETTING, str(TEST_KV_CACHE_GIB))
+
+
+def _divide_the_cores_among_workers() -> None:
+    """OMP_NUM_THREADS = this worker's share of the cores, for its engines and its torch alike:
+    two OpenMP teams of all the cores spin against each other and each runs several times
+    slower (docs/benchmarks.md, "Two runs at once on the same cores"). An OMP_NUM_THREADS set
+    outside is left alone, as the engines leave it."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if workers > 1:
+        share = max(1, len(os.sched_getaffinity(0)) // workers)
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))
+
+
+_divide_the_cores_among_workers()
 
 
 @pytest.fixture(scope="session")
@@ -42,8 +65,8 @@ def vllm_engine_options() -> dict[str, object]:
     return {
         "max_model_len": 1024,
         "max_num_seqs": 16,
-        "gpu_memory_utilization": TEST_KV_CACHE_FRACTION,
         "seed": 0,
+        "extra_llm_args": {"kv_cache_memory_bytes": int(TEST_KV_CACHE_GIB * 2**30)},
     }
 
 
@@ -75,19 +98,46 @@ def vllm_lora_engine(default_model_dir: Path, vllm_engine_options: dict) -> Iter
     # 8 members x 8 prompts decode together. The KV cache is sized in bytes: vLLM on the CPU
     # takes a RAM share minus this process's resident memory, which other session engines
     # (in this same process) had already grown past the share in a full run.
-    options = {**vllm_engine_options, "max_num_seqs": 64}
     extra = {**lora_llm_args(LORA_TEST_MAX_LORAS, 8), "kv_cache_memory_bytes": LORA_TEST_KV_BYTES}
-    engine = VLLMEngine(str(default_model_dir), **options, extra_llm_args=extra)
+    options = {**vllm_engine_options, "max_num_seqs": 64, "extra_llm_args": extra}
+    engine = VLLMEngine(str(default_model_dir), **options)
     yield engine
     engine.shutdown()
 
 
-LAST_MODULE = "tests/integration/test_tensor_parallel.py"
-"""Runs after every other test: shutting down its engines (an engine core in this process)
-tears down vLLM's process-wide parallel groups, which the session's shared engines then miss
-("pipeline model parallel group is not initialized"); keeping them for the whole session
-instead left too little memory for the two-engine test."""
+LAST_ENGINE_MODULE = "tests/integration/test_tensor_parallel.py"
+"""Runs after every other heavy test of its session: shutting down its engines (an engine core
+in this process) tears down vLLM's process-wide parallel groups, which the session's shared
+engines then miss ("pipeline model parallel group is not initialized"); keeping them for the
+whole session instead left too little memory for the two-engine test."""
+
+
+SLOWEST_FILES = (
+    "tests/jobs/test_two_node_cluster.py",
+    "tests/app/test_e2e_serve.py",
+    "tests/integration/test_training.py",
+    "tests/integration/test_alignment_run.py",
+    "tests/integration/test_vllm_engine.py",
+    "tests/integration/test_lora.py",
+    "tests/jobs/test_end_to_end.py",
+)
+"""The heavy files of a minute or more (`pytest --durations=0`), longest first: one of them
+starting last would leave the other workers idle at the end."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.nodeid.startswith(LAST_MODULE))  # stable: order kept
+    """The slowest files first, then the other files with heavy tests, the tensor-parallel one
+    last of those, then the quick ones. Workers take files in this order
+    (`--no-loadscope-reorder`): the minutes-long ones start at once, the quick ones fill in at
+    the end, and no heavy test follows the tensor-parallel file in a worker."""
+    heavy_files = {item.path for item in items if item.get_closest_marker("heavy")}
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        file = item.nodeid.split("::")[0]
+        if file in SLOWEST_FILES:
+            return 0, SLOWEST_FILES.index(file)
+        if file == LAST_ENGINE_MODULE:
+            return 2, 0
+        return (1, 0) if item.path in heavy_files else (3, 0)
+
+    items.sort(key=rank)  # stable: the order within each rank is kept

@@ -137,7 +137,6 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
         ("max_steps", "2"),
         ("max_tokens", "16"),
         ("eval_steps", "2"),
-        ("gpu_memory_utilization", "0.15"),
         ("max_model_len", "1024"),
         ("max_num_seqs", "16"),
         ("output_dir", str(tmp / "run-a")),

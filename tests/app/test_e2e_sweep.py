@@ -31,7 +31,6 @@ TINY = {
     "max_tokens": 8,
     "eval_strategy": "no",
     "save_strategy": "no",
-    "gpu_memory_utilization": 0.15,
     "max_model_len": 1024,
     "max_num_seqs": 16,
 }

@@ -36,7 +36,6 @@ def test_bon_on_a_checkpoint(default_model_dir, tmp_path):
             "reward_func_path": "engine.rewards.conciseness.compute_score",
             "output_dir": str(tmp_path),
             "max_tokens": 16,
-            "gpu_memory_utilization": 0.1,
             "max_model_len": 512,
         }
     )

@@ -19,7 +19,6 @@ TINY = [
     "data_batch_size=2",
     "eval_steps=2",
     "save_strategy=no",
-    "gpu_memory_utilization=0.15",
     "max_model_len=1024",
 ]
 

@@ -64,7 +64,6 @@ def queue_real_run(store: Store, tmp_path: Path, name: str = "e2e", **options: A
             "learning_rate": 4e-5,
             "save_strategy": "steps",
             "save_steps": 1,
-            "gpu_memory_utilization": 0.2,
             "max_model_len": 1024,
             "max_num_seqs": 16,
             **options,

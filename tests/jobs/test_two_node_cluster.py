@@ -166,7 +166,6 @@ def queue_cluster_run(cluster: Cluster, folder: Path, name: str, default_model_d
         model=str(default_model_dir),
         num_engines=2,
         max_steps=3,
-        gpu_memory_utilization=None,
     )
 
 
