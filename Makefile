@@ -25,26 +25,27 @@ INSTALLING := $(VENV)/.eslab-installing
 run: setup
 	$(ESLAB) serve
 
-# The whole suite runs in two passes. The quick tests (not `heavy`: no vLLM engine, no Ray
-# cluster; single-threaded Python) go first, on pytest-xdist workers, one per core up to 4. The
-# heavy ones follow in one process, one at a time: they share one engine per session, and two
-# engines on the same cores slow each other several fold (OpenMP threads spin while they wait).
-# Both passes run even when the first fails; make fails if either did. PYTEST_ARGS runs one
-# plain pytest of those arguments instead. pytest exits 5 when it collected no tests: that is a
-# failure too (a suite that ran nothing proves nothing), and it is said in words.
-TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
+# The whole suite runs in one pytest on pytest-xdist workers, one per core up to 4, and no more
+# than one per 8 GiB of memory (a worker's engines and runs hold a few GiB). Each worker runs
+# whole files (`--dist loadfile`: a file's tests share its module fixtures), in the order
+# tests/conftest.py gives them: the files with heavy tests (a vLLM engine, a Ray cluster)
+# first, so that the minutes-long ones start at once and the quick ones fill in at the end. The
+# conftest divides the cores among the workers (OMP_NUM_THREADS): two engines that each take
+# all the cores slow each other several fold. PYTEST_ARGS runs one plain pytest of those
+# arguments instead. pytest exits 5 when it collected no tests: that is a failure too (a suite
+# that ran nothing proves nothing), and it is said in words.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); \
+	m=$$(awk '/MemTotal/ {print int($$2 / 8388608)}' /proc/meminfo 2>/dev/null || echo 1); \
+	w=$$(( n < 4 ? n : 4 )); w=$$(( m < w ? m : w )); echo $$(( w < 1 ? 1 : w )))
+TEST_DIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 export PYTEST_ARGS
 
 test: setup system-deps
-	@failed=0; \
-	run_pytest() { \
-		echo "make test: pytest $$1"; \
-		eval "$(PY) -m pytest $$1" || { code=$$?; failed=$$code; \
-			if [ $$code -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; }; \
-	}; \
-	if [ -n "$$PYTEST_ARGS" ]; then run_pytest "$$PYTEST_ARGS"; \
-	else run_pytest "-m 'not heavy' -n $(TEST_WORKERS)"; run_pytest "-m heavy"; fi; \
-	exit $$failed
+	@args="$${PYTEST_ARGS:-$(TEST_DIST)}"; \
+	echo "make test: pytest $$args"; \
+	eval "$(PY) -m pytest $$args" || { code=$$?; \
+		if [ $$code -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; \
+		exit $$code; }
 
 setup: deps model db
 
