@@ -112,32 +112,16 @@ engines then miss ("pipeline model parallel group is not initialized"); keeping 
 whole session instead left too little memory for the two-engine test."""
 
 
-SLOWEST_FILES = (
-    "tests/jobs/test_two_node_cluster.py",
-    "tests/app/test_e2e_serve.py",
-    "tests/integration/test_training.py",
-    "tests/integration/test_alignment_run.py",
-    "tests/integration/test_vllm_engine.py",
-    "tests/integration/test_lora.py",
-    "tests/jobs/test_end_to_end.py",
-)
-"""The heavy files of a minute or more (`pytest --durations=0`), longest first: one of them
-starting last would leave the other workers idle at the end."""
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slowest files first, then the other files with heavy tests, the tensor-parallel one
-    last of those, then the quick ones. Workers take files in this order
-    (`--no-loadscope-reorder`): the minutes-long ones start at once, the quick ones fill in at
-    the end, and no heavy test follows the tensor-parallel file in a worker."""
+    """Files with heavy tests first, the tensor-parallel one last of them, then the quick ones.
+    Workers take files in this order (`--no-loadscope-reorder`): the minutes-long ones start
+    at once and the quick ones fill in at the end, and no heavy test follows the tensor-parallel
+    file in a worker."""
     heavy_files = {item.path for item in items if item.get_closest_marker("heavy")}
 
-    def rank(item: pytest.Item) -> tuple[int, int]:
-        file = item.nodeid.split("::")[0]
-        if file in SLOWEST_FILES:
-            return 0, SLOWEST_FILES.index(file)
-        if file == LAST_ENGINE_MODULE:
-            return 2, 0
-        return (1, 0) if item.path in heavy_files else (3, 0)
+    def rank(item: pytest.Item) -> int:
+        if item.nodeid.startswith(LAST_ENGINE_MODULE):
+            return 1
+        return 0 if item.path in heavy_files else 2
 
     items.sort(key=rank)  # stable: the order within each rank is kept
