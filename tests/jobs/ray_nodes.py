@@ -117,7 +117,10 @@ class RayNode:
 
     def processes(self) -> list[psutil.Process]:
         """Every process of this node: its session's, and descendants that left it (a job's
-        driver runs in a session of its own)."""
+        driver runs in a session of its own). None once the node's own process was reaped: its
+        pid, and the session id it gave, may then be another process's (pids wrap around)."""
+        if self.process.returncode is not None:
+            return []
         found: dict[int, psutil.Process] = {}
         try:
             root = psutil.Process(self.process.pid)
@@ -145,9 +148,13 @@ class RayNode:
     def stop(self) -> None:
         """Stop the node (`ray start --block` stops its processes on SIGTERM), kill what is
         left of it, and remove its temp dir."""
+        leftovers = self.processes()  # found while the node's pid is still its own
         if self.process.poll() is None:
             self.process.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(30)
-        self.kill()
+        for process in leftovers:
+            with contextlib.suppress(psutil.NoSuchProcess):  # psutil refuses a reused pid too
+                process.kill()
+        self.process.wait()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
