@@ -4,8 +4,8 @@ the jobs tests.
 `db_url` / `store` run every store test twice: on a SQLite file and on PostgreSQL, started
 here from Debian's `postgresql` package on 127.0.0.1 (one server per session, one fresh
 database per test). Where PostgreSQL is not installed those variants are skipped with the
-reason. `ray_address` is one local Ray head for the whole session (2 CPUs, small object
-store), shut down at the end.
+reason. `ray_address` is one local Ray head per test file (2 CPUs, small object store), shut
+down when the file is done.
 """
 
 from __future__ import annotations
@@ -201,12 +201,15 @@ def config_file(tmp_path):
 # -- Ray -----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_address() -> Iterator[str]:
-    """The dashboard URL of one local Ray head for the session (2 CPUs, 200 MB object
+    """The dashboard URL of one local Ray head for the test file (2 CPUs, 200 MB object
     store), started the way `eslab serve` starts its own: free ports and a private temp
     dir, so another Ray on the machine (another test session) cannot get in its way. Jobs
-    get no working_dir: the worker imports the installed project (tests/ via PYTHONPATH)."""
+    get no working_dir: the worker imports the installed project (tests/ via PYTHONPATH).
+
+    A file's head, not the session's: an idle head (its dashboard, agent, raylet, GCS) takes
+    about 8% of a core, which a session-long head would take from the files after it."""
     from jobs.service import ray_cluster
 
     os.environ.pop("RAY_ADDRESS", None)

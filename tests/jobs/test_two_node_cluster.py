@@ -59,8 +59,6 @@ NODE_ENV = {
     # apart, so a lost engine fails its run within seconds.
     "RAY_health_check_period_ms": "1000",
     "RAY_health_check_failure_threshold": "3",
-    # Each engine's KV cache: small, for the two engines on one 2-core machine.
-    "ESLAB_CPU_KV_CACHE_GIB": "0.25",
 }
 
 
