@@ -12,6 +12,8 @@ than the noise of the timing.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +64,17 @@ class Recorder:
 
     def stop(self) -> None:
         del self._engine.generate, self._engine.completion_logprobs  # the methods again
+
+    @contextmanager
+    def paused(self) -> Iterator[VLLMEngine]:
+        """The engine with its own methods meanwhile: a baseline's calls are not a step's."""
+        generate, logprobs = self._engine.generate, self._engine.completion_logprobs
+        self.stop()
+        try:
+            yield self._engine
+        finally:
+            self._engine.generate = generate  # type: ignore[method-assign]
+            self._engine.completion_logprobs = logprobs  # type: ignore[method-assign]
 
     def _current(self, kind: str) -> list[Requests]:
         if not self.steps:
