@@ -123,7 +123,13 @@ class RayJobs:
 
     def stop(self, submission_id: str) -> bool:
         """Ask Ray to stop the job: SIGTERM to its processes, then SIGKILL after the job's
-        RAY_JOB_STOP_WAIT_TIME_S. False when the job had already ended or is unknown."""
+        RAY_JOB_STOP_WAIT_TIME_S. False when the job had already ended or is unknown.
+
+        The job's state is asked first: Ray answers True while the job's supervisor actor is
+        alive, and that actor outlives the job's terminal state by a moment (seen under
+        load: a job STOPPED, then "stopped" again)."""
+        if self.state(submission_id).is_terminal():
+            return False
         try:
             return bool(self.client.stop_job(submission_id))
         except ConnectionError as exc:
