@@ -61,7 +61,10 @@ def default_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_engine_options() -> dict[str, object]:
-    """VLLMEngine keyword arguments for test engines (small KV cache, short context)."""
+    """VLLMEngine keyword arguments for test engines (small KV cache, short context). The KV
+    cache is also given in bytes here: on the CPU the engine takes the same size from
+    ESLAB_CPU_KV_CACHE_GIB, but on a GPU it would otherwise take 0.9 of the card, and the
+    session's second engine would not fit."""
     return {
         "max_model_len": 1024,
         "max_num_seqs": 16,
