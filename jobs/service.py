@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from engine.backends.ray_auth import LOOPBACK_ONLY_SETTING, refuse_open_cluster, require_token_mode
 from engine.config.urls import url_problem
 from engine.data.uploads import max_upload_mb
 from jobs.private_files import read_private, remove_private, write_private
@@ -53,9 +54,11 @@ class ServiceError(Exception):
     """Something `eslab serve` needs could not start; the message says what to do."""
 
 
-def serve(host: str, port: int, settings: SchedulerSettings | None = None) -> int:
+def serve(
+    host: str, port: int, settings: SchedulerSettings | None = None, *, ray_token: bool = True
+) -> int:
     """Run until Ctrl-C, SIGTERM or SIGHUP (or until the dashboard exits); returns the exit
-    code."""
+    code. `ray_token` False lets Ray run without token authentication (engine.backends.ray_auth)."""
     _stop_on_termination_signals()
     store = Store()  # refuses an unreachable or outdated database in one line
     settings = settings or SchedulerSettings.from_env()
@@ -74,7 +77,7 @@ def serve(host: str, port: int, settings: SchedulerSettings | None = None) -> in
             )
             return run_dashboard(host, port)
         try:
-            with ray_cluster() as (address, owned):
+            with ray_cluster(token_auth=ray_token) as (address, owned):
                 jobs = RayJobs(address)
                 scheduler = Scheduler(store, jobs, settings, owner=owner)
                 scheduler.start()  # renews the lock taken above
@@ -119,7 +122,10 @@ def _stop_on_termination_signals() -> None:
 
 @contextmanager
 def ray_cluster(
-    num_cpus: int | None = None, object_store_bytes: int | None = None
+    num_cpus: int | None = None,
+    object_store_bytes: int | None = None,
+    *,
+    token_auth: bool = True,
 ) -> Iterator[tuple[str, bool]]:
     """(address, owned): RAY_ADDRESS when set, else a local head that this context starts
     and stops (with `num_cpus`, default ESLAB_RAY_NUM_CPUS or all, and an object store of
@@ -128,8 +134,15 @@ def ray_cluster(
     The head is `ray start --head --block` in a session of its own, with free ports and a
     private temp dir: a second Ray on the machine (a test session, another user's) keeps
     working, and plain `ray.init()` elsewhere does not attach to ours (it looks for
-    /tmp/ray/ray_current_cluster, which a private temp dir leaves alone)."""
+    /tmp/ray/ray_current_cluster, which a private temp dir leaves alone). It is a
+    single-machine node, every one of its servers bound to 127.0.0.1, and with `token_auth`
+    (engine.backends.ray_auth) each of them refuses a request without this user's token; so does a
+    RAY_ADDRESS cluster, or ES Lab refuses to use it."""
+    if token_auth:
+        require_token_mode()
     if os.environ.get("RAY_ADDRESS"):
+        if token_auth:
+            refuse_open_cluster(os.environ["RAY_ADDRESS"])
         yield os.environ["RAY_ADDRESS"], False
         return
     temp_dir = tempfile.mkdtemp(prefix="eslab-ray-")
@@ -140,10 +153,16 @@ def ray_cluster(
             dashboard_port = _free_port(preferred=RAY_DASHBOARD_PORT)
             command = _head_command(temp_dir, dashboard_port, num_cpus, object_store_bytes)
             head = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )  # out of reach of the terminal's Ctrl-C
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # out of reach of the terminal's Ctrl-C
+                env={**os.environ, LOOPBACK_ONLY_SETTING: "0"},
+            )
             address = f"http://127.0.0.1:{dashboard_port}"
             _wait_until_up(head, address, log.name)
+        if token_auth:
+            refuse_open_cluster(address)
         print(f"Ray dashboard on {address}", flush=True)
         yield address, True
     finally:

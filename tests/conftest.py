@@ -12,7 +12,10 @@ the workers, and every engine a session starts gets a small KV cache.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,6 +49,21 @@ def _divide_the_cores_among_workers() -> None:
 
 
 _divide_the_cores_among_workers()
+
+
+def _a_home_of_its_own() -> None:
+    """An empty HOME for the session, as a fresh service account has: what the tests and the
+    processes they start (`eslab`, Ray, its jobs) keep in a home, Ray's token above all, stays
+    out of the user's, and a token that the user's home holds cannot hide a path that has to
+    make one. The caches stay the user's (XDG_CACHE_HOME: the model, vLLM's and ES Lab's
+    compiled kernels), so that nothing is built twice."""
+    os.environ.setdefault("XDG_CACHE_HOME", str(Path.home() / ".cache"))
+    home = tempfile.mkdtemp(prefix="eslab-test-home-")
+    os.environ["HOME"] = home
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+
+
+_a_home_of_its_own()
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,8 @@
 
 Without ESLAB_AUTH_FILE every visitor of the dashboard is an editor, who can launch runs:
 fine on loopback, where only this machine's users reach it, and refused on any other
-address unless `--insecure-no-login` says the operator means it."""
+address unless `--insecure-no-login` says the operator means it. Ray runs in token mode
+(engine.backends.ray_auth) unless `--insecure-ray-no-token` says the operator means otherwise."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import argparse
 import sys
 
 from app.cli.common import DASHBOARD_PORT, check_ray_address, port, print_error
+from engine.backends.ray_auth import NO_TOKEN_FLAG
 
 NO_LOGIN_FLAG = "--insecure-no-login"
 
@@ -37,6 +39,13 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="serve a non-loopback --host without ESLAB_AUTH_FILE: everyone who can reach the "
         "port is an editor who can launch, cancel and delete runs",
     )
+    serve.add_argument(
+        NO_TOKEN_FLAG,
+        action="store_true",
+        help="run Ray without token authentication (RAY_AUTH_MODE=disabled, or a RAY_ADDRESS "
+        "cluster that takes jobs without a token): anyone who can reach Ray's ports can run "
+        "code as this user",
+    )
     serve.set_defaults(func=cmd_serve)
 
 
@@ -50,6 +59,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     elif not _open_dashboard_allowed(args.host, args.insecure_no_login):
         return 2
 
+    from engine.backends.ray_auth import RayAuthError
     from engine.data.uploads import max_upload_mb
     from jobs.scheduler import SchedulerSettings
     from jobs.service import ServiceError, serve
@@ -64,9 +74,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print_error(str(exc))
         return 2
+    if args.insecure_ray_no_token:
+        print(
+            f"eslab: WARNING: Ray without token authentication ({NO_TOKEN_FLAG}): anyone who "
+            "can reach its ports can run code as this user",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
-        return serve(args.host, args.port, settings)
-    except ServiceError as exc:
+        return serve(args.host, args.port, settings, ray_token=not args.insecure_ray_no_token)
+    except (ServiceError, RayAuthError) as exc:
         print_error(str(exc))
         return 2
 

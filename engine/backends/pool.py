@@ -32,6 +32,7 @@ from engine.backends.base import (
     PerturbationEngine,
     Prompt,
 )
+from engine.backends.ray_auth import local_cluster_settings
 
 R = TypeVar("R")
 
@@ -344,6 +345,8 @@ class EnginePool:
         import ray
 
         if not ray.is_initialized():
+            if not os.environ.get("RAY_ADDRESS"):  # a cluster of this run's own, not a job's
+                local_cluster_settings()
             ray.init(ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
             self._owns_ray = True
         tp = int(options.get("tensor_parallel_size", 1))

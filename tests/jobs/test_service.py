@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
+from engine.hosts import is_loopback
 from engine.paths import PROJECT_ROOT
 from jobs.store.status import RunStatus
 from tests.jobs.conftest import free_port
@@ -28,10 +32,11 @@ class Serve:
     """`eslab serve` in a session of its own, so the test can Ctrl-C it like a terminal
     does: SIGINT to its whole process group."""
 
-    def __init__(self, sqlite_url: str) -> None:
+    def __init__(self, sqlite_url: str, home: Path | None = None) -> None:
         self.port = free_port()
         env = {
             **os.environ,
+            **({"HOME": str(home)} if home else {}),
             "ESLAB_DATABASE_URL": sqlite_url,
             "PYTHONPATH": str(PROJECT_ROOT),
             "ESLAB_WORKER_TRAIN": f"{STANDIN}:train",
@@ -82,18 +87,29 @@ class Serve:
 
 
 def test_serve_schedules_refuses_a_second_scheduler_and_stops_cleanly(
-    sqlite_store, sqlite_url, tmp_path
+    sqlite_store, sqlite_url, tmp_path, monkeypatch
 ):
+    """From an empty HOME, as a fresh service account starts it: Ray gets a token of this
+    user's, refuses requests without it, listens on loopback only, and runs the run's job."""
     run = queue_run(sqlite_store, tmp_path / "out", max_steps=500, save_steps=1000)
-    first = Serve(sqlite_url)
+    home = tmp_path / "home"
+    home.mkdir()
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)  # set by the session's heads; not by an account
+    first = Serve(sqlite_url, home=home)
     second = None
     try:
         wait_for(first.dashboard_answers, 90, "the dashboard")
         assert first.said("scheduler: up to 1 run(s) at once on Ray at http://127.0.0.1:")
         ray_url = next(line.split()[-1] for line in first.lines if "Ray dashboard on" in line)
+        token = home / ".ray" / "auth_token"
+        assert first.said(f"made a Ray token for this user in {token}")
+        assert stat.S_IMODE(token.stat().st_mode) == 0o600
+        assert_ray_asks_for_the_token(ray_url, token.read_text())
         wait_for(lambda: sqlite_store.get_run(run.id).step >= 2, 60, "the run to make steps")
+        assert_listens_on_loopback_only(first.process.pid)
 
-        second = Serve(sqlite_url)
+        second = Serve(sqlite_url, home=home)
         wait_for(second.dashboard_answers, 60, "the second dashboard")
         assert second.said("this one serves the dashboard without a scheduler")
         assert not second.said("Ray dashboard on")  # it started no Ray of its own
@@ -111,6 +127,44 @@ def test_serve_schedules_refuses_a_second_scheduler_and_stops_cleanly(
         first.kill()
         if second is not None:
             second.kill()
+
+
+def assert_ray_asks_for_the_token(ray_url: str, token: str) -> None:
+    jobs = f"{ray_url}/api/jobs/"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(jobs, timeout=10)
+    assert refused.value.code == 401
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(_with_token(jobs, "not-the-token"), timeout=10)
+    assert refused.value.code in (401, 403)
+    with urllib.request.urlopen(_with_token(jobs, token), timeout=10) as answer:
+        assert answer.status == 200
+
+
+def _with_token(url: str, token: str) -> urllib.request.Request:
+    return urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+
+
+def assert_listens_on_loopback_only(pid: int) -> None:
+    """Every port that serve's processes listen on (Ray's GCS, raylet, agents, client server,
+    the run's job and the dashboard) is bound to a loopback address."""
+    serve = psutil.Process(pid)
+    listening = [
+        (process.name(), conn.laddr)
+        for process in [serve, *serve.children(recursive=True)]
+        for conn in _connections(process)
+        if conn.status == psutil.CONN_LISTEN
+    ]
+    assert len(listening) >= 5, listening  # Ray's servers were found
+    exposed = [(name, addr) for name, addr in listening if not is_loopback(addr.ip)]
+    assert not exposed, exposed
+
+
+def _connections(process: psutil.Process) -> list:
+    try:
+        return process.net_connections(kind="inet")
+    except psutil.NoSuchProcess:
+        return []
 
 
 def test_sigterm_stops_serve_like_ctrl_c(sqlite_store, sqlite_url):

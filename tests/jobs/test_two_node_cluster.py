@@ -35,9 +35,10 @@ import streamlit as st
 from sqlalchemy.engine import make_url
 
 from engine import metrics as mk
+from engine.backends.ray_auth import require_token_mode
 from jobs.phases import engine_places
 from jobs.private_files import PRIVATE_FOLDER
-from jobs.ray_jobs import RayJobs, _use_local_auth_token
+from jobs.ray_jobs import RayJobs
 from jobs.store.migrate import upgrade
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
@@ -108,9 +109,9 @@ def cluster(postgres, tmp_path_factory) -> Iterator[Cluster]:
         .render_as_string(hide_password=False)
     )
     upgrade(db_url)
-    # Token authentication where this machine has a Ray token (`ray start --head` turns it
-    # on by itself then; a joining node and the clients only when RAY_AUTH_MODE says so).
-    _use_local_auth_token()
+    # Token authentication on both nodes and in every client, as `eslab serve` requires of
+    # a RAY_ADDRESS cluster: the nodes inherit RAY_AUTH_MODE and the session's token.
+    require_token_mode()
     started: list[RayNode] = []
     serve = None
     store = Store(db_url)

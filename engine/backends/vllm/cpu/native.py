@@ -44,7 +44,8 @@ def _library_path(compiler: str) -> Path:
         cpu_features.cpu_flags().encode(),
     ):
         key.update(part)
-    cache = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "eslab" / "kernels")
+    caches = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    cache = Path(os.environ.get(CACHE_ENV) or caches / "eslab" / "kernels")
     return cache / f"cpu_lora_tokens-{key.hexdigest()[:16]}.so"
 
 
