@@ -3,8 +3,11 @@ one is kept, and which are old enough to be removed once no run uses them.
 
 An upload is written under a hidden temporary name in the uploads folder, read back with
 `load_dataset` (the check every run makes) and only then renamed to its final name; any
-failure removes it, so the folder only ever holds datasets that load. The limits are settings
-because the operator decides what a shared dashboard accepts:
+failure removes it, so the folder only ever holds datasets that load. A file widget of the
+dashboard takes at most FORM_UPLOAD_MB (Streamlit holds it in memory); a larger dataset
+comes through the dashboard's upload route (app/upload_route.py), written here chunk by chunk
+by UploadWriter as it arrives. The limits are settings because the operator decides what a
+shared dashboard accepts:
 
 - ESLAB_MAX_UPLOAD_MB (default 100): the largest upload, in MiB; a parquet file's columns may
   decompress to at most DECOMPRESSED_RATIO times that (parquet compresses, so a small file
@@ -32,6 +35,8 @@ from engine.filenames import safe_file_name
 MAX_UPLOAD_ENV = "ESLAB_MAX_UPLOAD_MB"
 KEEP_HOURS_ENV = "ESLAB_UPLOAD_KEEP_HOURS"
 DEFAULT_MAX_UPLOAD_MB = 100
+FORM_UPLOAD_MB = 1
+"""What the dashboard's own file widgets take: Streamlit holds each file in memory."""
 DEFAULT_KEEP_HOURS = 24.0
 DECOMPRESSED_RATIO = 10
 MIB = 2**20
@@ -59,7 +64,7 @@ def positive_setting(var: str, default: float) -> float:
 
 
 def max_upload_mb() -> int:
-    """ESLAB_MAX_UPLOAD_MB as whole MiB (Streamlit's server.maxUploadSize takes an integer)."""
+    """ESLAB_MAX_UPLOAD_MB as whole MiB."""
     return max(1, int(positive_setting(MAX_UPLOAD_ENV, DEFAULT_MAX_UPLOAD_MB)))
 
 
