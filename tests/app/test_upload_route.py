@@ -8,9 +8,12 @@ one minted before a password change are refused."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import socket
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -66,8 +69,6 @@ def served(tmp_path_factory) -> Iterator[SimpleNamespace]:
 
 
 def wait_until_up(process: subprocess.Popen, health: str, log: Path) -> None:
-    import time
-
     deadline = time.monotonic() + START_DEADLINE_S
     while not answers(health):
         if process.poll() is not None or time.monotonic() > deadline:
@@ -264,9 +265,6 @@ def test_a_ticket_names_an_editor_as_the_file_has_them_now(logins):
 
 def test_a_forged_ticket_is_refused(logins):
     body, _, signature = ticket_of("vi").partition(".")
-    import base64
-    import json
-
     payload = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
     payload["u"] = "ed"
     forged = base64.urlsafe_b64encode(json.dumps(payload).encode()).decode().rstrip("=")
