@@ -28,7 +28,7 @@ from pathlib import Path
 
 from engine.backends.ray_auth import LOOPBACK_ONLY_SETTING, refuse_open_cluster, require_token_mode
 from engine.config.urls import url_problem
-from engine.data.uploads import max_upload_mb
+from engine.data.uploads import FORM_UPLOAD_MB
 from jobs.private_files import read_private, remove_private, write_private
 from jobs.ray_jobs import RayJobs, RayUnavailableError, SubmitError
 from jobs.scheduler import (
@@ -47,7 +47,8 @@ RAY_DASHBOARD_PORT = 8265
 """Ray's own default, for a local head: taken when free, else any free port."""
 DASHBOARD_FILE = "dashboard-url"
 """In the private folder (jobs.private_files): the address of the serving dashboard."""
-DASHBOARD_APP = Path(__file__).resolve().parents[1] / "app" / "main.py"
+DASHBOARD_APP = Path(__file__).resolve().parents[1] / "app" / "server.py"
+"""app/main.py served with the dataset upload route beside it (app/upload_route.py)."""
 
 
 class ServiceError(Exception):
@@ -302,10 +303,10 @@ def dashboard_command(host: str, port: int) -> list[str]:
         # still show the traceback: Streamlit reads it as "stacktrace".)
         "--client.showErrorDetails",
         "none",
-        # Streamlit's own cap refuses a larger upload before reading it; the page's cap only
-        # tells the browser.
+        # Streamlit holds every upload in memory: its own cap (checked before the body is
+        # read) is YAML-sized; datasets of any size go through app/upload_route.py.
         "--server.maxUploadSize",
-        str(max_upload_mb()),
+        str(FORM_UPLOAD_MB),
     ]
 
 

@@ -1,19 +1,21 @@
 """New run: a form generated from the configuration schema, presets (what each is for and
 needs, and a button that generates its missing data), YAML in and out, a parquet upload
-(editors only, size-capped, kept only once it loads as a dataset);
+(editors only, size-capped, kept only once it loads as a dataset; a larger one through the
+upload route, app/upload_route.py, with a ticket minted here);
 submitting queues the run the way `eslab submit` does and opens its page. `?clone=ID`
 starts from another run's config. Below the form, the Sweep section (app/sweep_form.py)
 starts a sweep over the form's configuration instead; `?sweep=1` opens with it on."""
 
 import uuid
+from urllib.parse import urlsplit
 
 import streamlit as st
 
-from app import actions, auth, forms, presets_view, sweep_form
+from app import actions, auth, forms, presets_view, sweep_form, upload_route, upload_tickets
 from app.state import get_store
 from app.views import id_param, inert, param, show_error
 from engine.config import ConfigError, config_fields
-from engine.data.uploads import MIB, max_upload_mb
+from engine.data.uploads import FORM_UPLOAD_MB, MIB, max_upload_mb
 from engine.filenames import safe_file_name
 from engine.presets import load_preset, preset_names
 from engine.rewards import BUILTIN_REWARDS
@@ -73,6 +75,24 @@ def _reward() -> None:
         st.session_state[forms.key("reward_func_path")] = BUILTIN_REWARDS[name]
 
 
+def _larger_upload() -> None:
+    """The upload page's link and a curl command, each with a ticket of this tab's login
+    (app/upload_tickets.py): the dataset goes to disk as it arrives, never into memory."""
+    session = st.session_state.get(auth.SESSION_KEY) if auth.auth_path() else None
+    ticket = upload_tickets.mint(session or upload_tickets.local_session())
+    url = urlsplit(st.context.url or "")
+    origin = f"{url.scheme}://{url.netloc}" if url.netloc else ""
+    page, curl = upload_route.upload_links(origin, ticket)
+    minutes = upload_tickets.TICKET_TTL_S // 60
+    with st.expander(f"Upload a larger dataset (up to {max_upload_mb()} MiB)"):
+        st.link_button("Open the upload page", page, icon=":material/upload:")
+        st.caption(
+            f"Or from a shell (the ticket is yours, valid {minutes} minutes from this page's "
+            "last refresh): the reply names the file to choose as the training dataset."
+        )
+        st.code(curl, language="bash")
+
+
 with st.container(border=True):
     c1, c2, c3 = st.columns(3)
     c1.selectbox(
@@ -110,13 +130,17 @@ with st.container(border=True):
         "Upload a training dataset (parquet: prompt, reward_func_args)",
         type=["parquet"],
         key="new_parquet",
-        max_upload_size=max_upload_mb(),
+        max_upload_size=FORM_UPLOAD_MB,
         disabled=not editor,
-        help=None if editor else "Uploading a dataset needs an editor.",
+        help=f"Up to {FORM_UPLOAD_MB} MiB here; a larger one: 'Upload a larger dataset'."
+        if editor
+        else "Uploading a dataset needs an editor.",
     )
     if upload is not None and st.session_state.get("new_parquet_done") != upload.file_id:
         st.session_state["new_parquet_done"] = upload.file_id
         forms.upload_dataset(store, upload.name, upload.getvalue())
+    if editor:
+        _larger_upload()
 if st.session_state.get("new_preset"):
     presets_view.show_preset(st.session_state["new_preset"])
 

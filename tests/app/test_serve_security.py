@@ -130,12 +130,6 @@ def test_a_malformed_setting_stops_serve_in_one_line(no_auth, monkeypatch, capsy
     assert variable in err and repr(value) in err and "database" not in err
 
 
-def test_streamlit_refuses_uploads_over_the_cap_itself(monkeypatch):
-    monkeypatch.setenv("ESLAB_MAX_UPLOAD_MB", "7")
-    command = dashboard_command("127.0.0.1", 8501)
-    assert command[command.index("--server.maxUploadSize") + 1] == "7"
-
-
 def test_the_dashboard_starts_from_a_streamlit_outside_site_packages(tmp_path):
     """Streamlit takes a copy outside site-packages (`pip install --target DIR`, as on the
     GPU machine) for its own development checkout and then refuses --server.port; the
