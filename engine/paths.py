@@ -28,7 +28,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DATA_PREFIX = "data"
 """The first part of a configuration's relative path that names the data folder."""
 MODELS_FOLDER = "models"
-PRIVATE_FOLDER = "private"
+PRIVATE_FOLDER = "private"  # files only this user may read (jobs.private_files)
 UPLOADS_FOLDER = "uploads"
 NOT_OUTPUTS = {
     MODELS_FOLDER: "model weights",
