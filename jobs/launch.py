@@ -75,7 +75,7 @@ def _run_files(folder: Path) -> str | None:
     from engine.trainer.checkpoints import list_checkpoints
 
     found = [p.name for p in (folder / "config.json", *folder.glob("*.safetensors")) if p.is_file()]
-    found += [p.name for p in list_checkpoints(folder)] if folder.is_dir() else []
+    found += [p.name for p in list_checkpoints(folder)]
     return ", ".join(sorted(found)[:3]) or None
 
 
