@@ -13,10 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from engine.paths import data_dir
+from engine.paths import PRIVATE_FOLDER, data_dir
 from jobs.ray_jobs import SubmitError
-
-PRIVATE_FOLDER = "private"  # in the data folder: files only this user may read
 
 
 def read_private(name: str) -> str | None:

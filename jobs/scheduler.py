@@ -40,7 +40,13 @@ from typing import Any
 from sqlalchemy.engine import make_url
 
 from engine.backends.vllm.cpu.resources import RUNS_SHARING_SETTING
-from engine.paths import PROJECT_ROOT
+from engine.paths import (
+    INPUT_ROOTS_SETTING,
+    OUTPUT_ROOTS_SETTING,
+    PROJECT_ROOT,
+    data_dir,
+    extra_roots,
+)
 from jobs.liveness import silent_seconds
 from jobs.outcome import with_log_tail
 from jobs.private_files import write_private
@@ -423,16 +429,25 @@ class Scheduler:
             # do not oversubscribe them (engine/backends/vllm/cpu/resources.py).
             RUNS_SHARING_SETTING: str(self.settings.max_concurrent_runs),
         }
-        if os.environ.get("ESLAB_DATA_DIR"):
-            env["ESLAB_DATA_DIR"] = os.path.abspath(os.environ["ESLAB_DATA_DIR"])
         from engine.rewards import REWARD_MODULES_SETTING
 
         # Always set, empty included: the worker allows the reward modules this process
         # validated the run against, never a wider list inherited from the Ray head.
         env[REWARD_MODULES_SETTING] = os.environ.get(REWARD_MODULES_SETTING, "")
-        if os.environ.get("ESLAB_OUTPUT_ROOTS"):  # the worker validates output_dir again
-            env["ESLAB_OUTPUT_ROOTS"] = os.environ["ESLAB_OUTPUT_ROOTS"]
-        return {**env, **self.extra_env}
+        return {**env, **_path_env(), **self.extra_env}
+
+
+def _path_env() -> dict[str, str]:
+    """The data folder and the extra input and output roots as this process resolved them,
+    each always set (empty included): the worker validates the run's paths again, and must
+    never fall back to the folders the Ray head was started with."""
+    return {
+        "ESLAB_DATA_DIR": str(data_dir().absolute()),
+        **{
+            setting: os.pathsep.join(str(root) for root in extra_roots(setting))
+            for setting in (OUTPUT_ROOTS_SETTING, INPUT_ROOTS_SETTING)
+        },
+    }
 
 
 def _database_env(url: Any) -> dict[str, str]:

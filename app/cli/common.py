@@ -88,12 +88,38 @@ def checkpoint_of(run_or_path: str) -> Path:
 
 def load_config(path: str, overrides: list[str]) -> RunConfig:
     """A YAML file, or the name of a preset (engine/presets) when no such file exists."""
-    from engine.presets import preset_names, preset_path
+    from engine.presets import preset_path
 
-    if not Path(path).exists() and path in preset_names():
+    if _names_a_preset(path):
         path = str(preset_path(path))
     config = RunConfig.from_yaml(path)
     return config.with_overrides(overrides) if overrides else config
+
+
+def load_run_config(path: str, overrides: list[str]) -> RunConfig:
+    """load_config for one run (`eslab submit`, `eslab train`). A preset's run gets a name
+    and a folder of its own, data/runs/RUN_NAME, as the New run form gives it: the preset's
+    output_dir is one folder for every run of it, which a second run may not share
+    (jobs.launch). An output_dir given with --set, or by a file of one's own, is kept."""
+    from engine.data.local import default_output_dir
+    from jobs.planning import default_run_name
+
+    config = load_config(path, overrides)
+    if not _names_a_preset(path) or overridden(overrides, "output_dir"):
+        return config
+    name = config.logging.run_name or default_run_name(config)
+    return config.with_overrides([f"run_name={name}", f"output_dir={default_output_dir(name)}"])
+
+
+def _names_a_preset(path: str) -> bool:
+    from engine.presets import preset_names
+
+    return not Path(path).exists() and path in preset_names()
+
+
+def overridden(pairs: list[str], option: str) -> bool:
+    """Whether `--set` pairs (`option=...` or `group.option=...`) give `option`."""
+    return any(p.partition("=")[0].strip().rpartition(".")[2] == option for p in pairs)
 
 
 def port(text: str) -> int:

@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from app.cli.common import (
     add_set_option,
     dashboard_url,
-    load_config,
+    load_run_config,
     open_store,
+    overridden,
     print_error,
     print_table,
 )
@@ -50,10 +51,6 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     clone.set_defaults(func=cmd_clone)
 
 
-def _overridden(pairs: list[str], option: str) -> bool:
-    return any(p.partition("=")[0].strip().rpartition(".")[2] == option for p in pairs)
-
-
 def _queue(
     config: RunConfig,
     name: str | None = None,
@@ -71,7 +68,7 @@ def _queue(
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    return _queue(load_config(args.config, args.set), tags=args.tag)
+    return _queue(load_run_config(args.config, args.set), tags=args.tag)
 
 
 def cmd_clone(args: argparse.Namespace) -> int:
@@ -85,13 +82,13 @@ def cmd_clone(args: argparse.Namespace) -> int:
     suffix = uuid.uuid4().hex[:6]
     own = (
         []
-        if _overridden(args.set, "output_dir")
+        if overridden(args.set, "output_dir")
         else [f"output_dir={str(base.data.output_dir).rstrip('/')}-clone-{suffix}"]
     )
     config = base.with_overrides(own + args.set)
     name = (
         config.logging.run_name
-        if _overridden(args.set, "run_name")
+        if overridden(args.set, "run_name")
         else f"{parent.name}-clone-{suffix}"
     )
     return _queue(config, name=name, parent_id=parent.id, tags=parent.tags)

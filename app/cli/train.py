@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.cli.common import add_set_option, load_config
+from app.cli.common import add_set_option, load_run_config
 from engine.sink import Sink
 
 
@@ -35,7 +35,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from engine.sink import JsonlSink
     from engine.trainer import plan_total_steps, train
 
-    config = load_config(args.config, args.set)
+    config = load_run_config(args.config, args.set)
     if args.no_db:
         total = plan_total_steps(config)
         log = Path(args.no_db)

@@ -364,10 +364,30 @@ def _output_dir(v: dict[str, Any]) -> Iterator[FieldError]:
 
 @_rule("model")
 def _model_name(v: dict[str, Any]) -> Iterator[FieldError]:
-    from engine.model_files import model_name_problem
+    from engine.model_files import local_model, model_name_problem
+    from engine.paths import input_problem
 
     if problem := model_name_problem(v["model"]):
         yield FieldError("model", f"model.model {v['model'][:100]!r} {problem}")
+    elif (local := local_model(v["model"])) and (problem := input_problem(str(local))):
+        # a folder here (a hub id is looked up in the hub's cache, never as a path)
+        yield FieldError("model", f"model.model {v['model'][:200]!r} {problem}")
+
+
+def _dataset_path(name: str) -> Check:
+    """The rule that dataset option `name` names a file a run may read."""
+
+    def check(v: dict[str, Any]) -> Iterator[FieldError]:
+        from engine.paths import input_problem
+
+        if v[name] is not None and (problem := input_problem(v[name])):
+            yield FieldError(name, f"data.{name} {v[name][:200]!r} {problem}")
+
+    return check
+
+
+for _dataset in ("train_file", "eval_file"):
+    _rule(_dataset)(_dataset_path(_dataset))
 
 
 @_rule("scorer_url", "ensemble_members")

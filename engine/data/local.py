@@ -10,12 +10,11 @@ import os
 from pathlib import Path
 
 from engine.filenames import safe_file_name
-from engine.paths import config_path, data_dir
+from engine.paths import MODELS_FOLDER, PRIVATE_FOLDER, config_path, data_dir
 
-MODELS_FOLDER = "models"
 RUNS_FOLDER = "runs"
 # Folders of the data folder that hold no datasets: weights, checkpoints, caches, secrets.
-NOT_DATASETS = frozenset({MODELS_FOLDER, RUNS_FOLDER, "cache", "private"})
+NOT_DATASETS = frozenset({MODELS_FOLDER, RUNS_FOLDER, "cache", PRIVATE_FOLDER})
 # Datasets are looked for at most two folders down (data/a/b/x.parquet); a deeper walk would
 # only read folders people keep there for other reasons.
 MAX_DATASET_DEPTH = 3

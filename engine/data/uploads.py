@@ -69,7 +69,7 @@ def max_upload_mb() -> int:
 
 
 def uploads_dir() -> Path:
-    return paths.data_dir().absolute() / "uploads"
+    return paths.data_dir().absolute() / paths.UPLOADS_FOLDER
 
 
 def keep_upload(data: bytes, name: str) -> KeptUpload:

@@ -86,6 +86,16 @@ class Runs(StoreBase):
             )
             return [run_record(r) for r in rows]
 
+    def output_dirs(self) -> list[tuple[int, str, str]]:
+        """(id, status, output_dir) of every stored run, whatever its status: the folders
+        jobs.launch keeps a new run out of. Only the one option is read from each
+        configuration, so this stays cheap with many runs."""
+        run = models.Run
+        folder = run.config["output_dir"].as_string()
+        with self._session() as s:
+            rows = s.execute(select(run.id, run.status, folder).where(folder.is_not(None)))
+            return [(i, status, path) for i, status, path in rows if path]
+
     def count_runs(self) -> int:
         with self._session() as s:
             return s.scalar(select(func.count()).select_from(models.Run)) or 0

@@ -12,7 +12,7 @@ import urllib.request
 import uuid
 
 from app.cli import main
-from app.cli.common import dashboard_url
+from app.cli.common import dashboard_url, load_run_config
 from engine.paths import PROJECT_ROOT
 from engine.sink import PopulationRecord, SampleRecord, StepReport
 from jobs import phases
@@ -127,6 +127,32 @@ def test_submit_refuses_an_output_dir_a_live_run_writes_to(db, config_file, caps
     code, _, err = run_cli(capsys, "submit", str(config_file))
     assert code == 2 and "is in use by run 1 (queued)" in err
     assert db.count_runs() == 1
+
+
+def test_each_submit_of_a_preset_gets_a_folder_of_its_own(db, capsys, tmp_path):
+    """As the New run form does: data/runs/RUN_NAME, not the preset's one output_dir."""
+    for _ in range(2):
+        code, _, err = run_cli(capsys, "submit", "es-conciseness", "--set", "max_steps=2")
+        assert code == 0, err
+    second, first = db.list_runs()
+    for run in (first, second):
+        assert run.name.startswith("es-conciseness-") and run.config["run_name"] == run.name
+        assert run.config["output_dir"] == str(tmp_path / "data" / "runs" / run.name)
+    assert first.name != second.name
+    named = ["--set", "run_name=mine"]
+    assert run_cli(capsys, "submit", "es-conciseness", *named)[0] == 0
+    assert db.list_runs()[0].config["output_dir"] == str(tmp_path / "data" / "runs" / "mine")
+
+
+def test_an_output_dir_given_for_a_preset_is_kept_and_checked(db, capsys, tmp_path):
+    given = ["--set", f"output_dir={tmp_path / 'data' / 'runs' / 'given'}"]
+    assert run_cli(capsys, "submit", "es-conciseness", *given)[0] == 0
+    assert db.list_runs()[0].config["output_dir"] == str(tmp_path / "data" / "runs" / "given")
+    code, _, err = run_cli(capsys, "submit", "es-conciseness", *given)
+    assert code == 2 and "data.output_dir" in err and "is in use by run 1 (queued)" in err
+    # `eslab train` reads a preset the same way
+    own = load_run_config("es-conciseness", [])
+    assert own.data.output_dir == f"data/runs/{own.logging.run_name}"
 
 
 def test_runs_lists_status_and_progress(db, config_file, capsys):
