@@ -39,7 +39,8 @@ def authorization(sent: list) -> list[str | None]:
 
 
 @pytest.mark.parametrize(
-    "url", ["http://127.0.0.1:8000", "http://localhost:8000/", "http://[::1]:8000", "http://127.0.0.2"]
+    "url",
+    ["http://127.0.0.1:8000", "http://localhost:8000/", "http://[::1]:8000", "http://127.0.0.2"],
 )
 def test_a_loopback_scorer_gets_the_token(sent, url):
     ScorerClient(url).score(["p"], ["r"])
@@ -77,7 +78,9 @@ def test_an_origin_the_operator_lists_gets_the_token(sent, monkeypatch):
     assert authorization(sent) == [f"Bearer {TOKEN}"] * 3 + [None] * 3
 
 
-@pytest.mark.parametrize("entry", ["scorer.lab:8000", "http://scorer.lab/api", "ftp://x", "http://"])
+@pytest.mark.parametrize(
+    "entry", ["scorer.lab:8000", "http://scorer.lab/api", "ftp://x", "http://"]
+)
 def test_a_listed_entry_that_is_no_origin_is_named(monkeypatch, entry):
     monkeypatch.setenv(ORIGINS_ENV, entry)
     with pytest.raises(ScorerError, match=f"{ORIGINS_ENV} entry '.*' is not an origin"):
