@@ -4,11 +4,13 @@ again (the URL, and so the view, survives the login). Failed logins slow down pe
 and per client (app/login_throttle.py).
 
 "Client" is the address Streamlit reports for the tab's connection (st.context.ip_address):
-the peer of the WebSocket, or the X-Forwarded-For address when the peer is a proxy on this
-machine (uvicorn, which serves Streamlit, trusts those headers from 127.0.0.1 and ::1 only,
-or from FORWARDED_ALLOW_IPS). Streamlit reports None for this machine itself, so every local
-tab is one client, "local"; behind a proxy that sends no X-Forwarded-For, every visitor is
-that proxy, and only the per-name throttle tells them apart."""
+the peer of the WebSocket, or the X-Forwarded-For address when the peer is one of the
+proxies the operator lists in ESLAB_TRUSTED_PROXIES (uvicorn, which serves Streamlit, reads
+those headers from the addresses of FORWARDED_ALLOW_IPS, which `eslab serve` sets from that
+setting: by default none, since any local account could otherwise claim to be any address).
+Streamlit reports None for this machine itself, so every local tab is one client, "local";
+behind a proxy that is not listed, every visitor is that proxy, and only the per-name counts
+tell them apart."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import math
 import streamlit as st
 
 from app import auth
-from app.login_throttle import THROTTLE
+from app.login_throttle import THROTTLE, hash_slot
 from app.views import inert
 
 LOCAL_CLIENT = "local"
@@ -53,14 +55,19 @@ def login_gate() -> auth.User | None:
 
 
 def _log_in(users: dict[str, auth.User], name: str, password: str) -> None:
-    """Check one attempt, unless the throttle says to wait; on success the tab is signed in
-    and the page runs again."""
+    """Check one attempt, unless the throttle says to wait or every hashing slot is taken
+    (both before the password is hashed); on success the tab is signed in and the page runs
+    again."""
     client = st.context.ip_address or LOCAL_CLIENT
-    wait = THROTTLE.attempt(name, client)
-    if wait > 0:
-        st.error(f"Too many failed logins: try again in {math.ceil(wait)} s.")
-        return
-    user = auth.authenticate(users, name, password)
+    with hash_slot() as free:
+        if not free:  # refused before counting or hashing anything
+            st.error("The server is busy with other logins: try again in a few seconds.")
+            return
+        wait = THROTTLE.attempt(name, client)
+        if wait > 0:
+            st.error(f"Too many failed logins: try again in {math.ceil(wait)} s.")
+            return
+        user = auth.authenticate(users, name, password)
     if user is None:
         st.error("Unknown user name or wrong password.")
         return

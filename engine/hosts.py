@@ -34,3 +34,16 @@ def _loopback_ip(text: str) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped  # ::ffff:127.0.0.1
     return address.is_loopback
+
+
+def is_loopback_address(host: str) -> bool:
+    """True for a loopback IP literal or `localhost`, without resolving anything: for
+    deciding where a secret may be sent, a name that resolves to loopback now may resolve
+    elsewhere by the time the request is made."""
+    host = host.strip().strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return _loopback_ip(host)
+    except ValueError:
+        return False

@@ -310,7 +310,7 @@ class Scheduler:
         note each silent foreground run. Reads and Ray calls only (see step 1 of the module
         docstring); `_sync` records the outcome once the database takes writes again."""
         timeout = self.settings.heartbeat_timeout_seconds
-        now = datetime.now(UTC)
+        now = self.store.database_now()  # the clock the heartbeats were written in
         for run in self.store.active_runs():
             silent = silent_seconds(run, now)
             sid = run.ray_submission_id

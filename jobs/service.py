@@ -14,6 +14,7 @@ same database says so and serves the dashboard alone.
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import os
 import shutil
 import signal
@@ -49,6 +50,7 @@ DASHBOARD_FILE = "dashboard-url"
 """In the private folder (jobs.private_files): the address of the serving dashboard."""
 DASHBOARD_APP = Path(__file__).resolve().parents[1] / "app" / "server.py"
 """app/main.py served with the dataset upload route beside it (app/upload_route.py)."""
+TRUSTED_PROXIES_SETTING = "ESLAB_TRUSTED_PROXIES"
 
 
 class ServiceError(Exception):
@@ -310,12 +312,36 @@ def dashboard_command(host: str, port: int) -> list[str]:
     ]
 
 
+def dashboard_env() -> dict[str, str]:
+    """This environment, with the proxies whose X-Forwarded-For the dashboard believes set
+    to ESLAB_TRUSTED_PROXIES (FORWARDED_ALLOW_IPS, read by uvicorn, which serves Streamlit).
+    uvicorn's own default believes 127.0.0.1 and ::1: on a shared machine any account could
+    then send logins from "any address" and slip past the per-client throttle."""
+    return {**os.environ, "FORWARDED_ALLOW_IPS": ",".join(trusted_proxies())}
+
+
+def trusted_proxies() -> list[str]:
+    """ESLAB_TRUSTED_PROXIES: the addresses or networks (10.0.0.5, 10.0.0.0/24, ::1) of the
+    reverse proxies in front of the dashboard, separated by commas; none when unset. A bad
+    entry raises ValueError naming it (uvicorn would take it as a name and trust nothing)."""
+    entries = [e.strip() for e in os.environ.get(TRUSTED_PROXIES_SETTING, "").split(",")]
+    for entry in filter(None, entries):
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ValueError(
+                f"{TRUSTED_PROXIES_SETTING} entry {entry!r} is not an IP address or network "
+                "(e.g. 127.0.0.1 or 10.0.0.0/24)"
+            ) from None
+    return [e for e in entries if e]
+
+
 def run_dashboard(host: str, port: int) -> int:
     """Streamlit in the foreground until it exits or Ctrl-C; its address recorded meanwhile
     for `eslab submit`."""
     print(f"ES Lab dashboard on http://{host}:{port} (Ctrl-C stops it)", flush=True)
     with recorded_dashboard(dashboard_address(host, port)):
-        dashboard = subprocess.Popen(dashboard_command(host, port))
+        dashboard = subprocess.Popen(dashboard_command(host, port), env=dashboard_env())
         try:
             return dashboard.wait()
         except KeyboardInterrupt:

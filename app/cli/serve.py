@@ -62,15 +62,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from engine.backends.ray_auth import RayAuthError
     from engine.data.uploads import max_upload_mb
     from jobs.scheduler import SchedulerSettings
-    from jobs.service import ServiceError, serve
+    from jobs.service import ServiceError, serve, trusted_proxies
 
     check_ray_address()
     overrides = {}
     if args.max_concurrent_runs is not None:
         overrides["max_concurrent_runs"] = args.max_concurrent_runs
-    try:  # a malformed ESLAB_* number stops serve here, before Ray starts
+    try:  # a malformed ESLAB_* setting stops serve here, before Ray starts
         settings = SchedulerSettings.from_env(**overrides)
         max_upload_mb()
+        trusted_proxies()
     except ValueError as exc:
         print_error(str(exc))
         return 2

@@ -28,9 +28,8 @@ turned scorer failures into silent zero rewards, which ES would then happily opt
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
-import importlib.machinery
-import importlib.util
 import inspect
 import math
 import numbers
@@ -103,7 +102,8 @@ def load_reward_function(dotted_path: str) -> RewardFunction:
         )
     if function.__module__ != module.__name__:
         raise RewardError(
-            f"reward function {path!r} is defined in module {function.__module__!r}, not in "
+            f"reward function {path!r} is defined in module "
+            f"{public_module_name(function.__module__)!r}, not in "
             f"{module_name!r}: a reward function is named by the module that defines it, "
             "and only allowed modules are"
         )
@@ -137,34 +137,52 @@ def _import(path: str, module_name: str) -> ModuleType:
         ) from exc
 
 
+FOLDER_NAMESPACE = "eslab_rewards"
+"""The package under which the modules of listed folders are imported (a private name)."""
+
+
 def _import_from_folder(module_name: str, folder: Path) -> ModuleType:
-    """Import `module_name` with its top-level package found in `folder` only, so that a
-    file of the folder can never stand for a module of the same name found elsewhere, nor
-    the other way round."""
-    top = module_name.partition(".")[0]
-    loaded = sys.modules.get(top)
-    if loaded is None:
-        spec = importlib.machinery.PathFinder.find_spec(top, [str(folder)])
-        if spec is None or spec.loader is None:
-            raise ModuleNotFoundError(f"no module named {top!r} in {folder}", name=top)
-        loaded = importlib.util.module_from_spec(spec)
-        sys.modules[top] = loaded
-        try:
-            spec.loader.exec_module(loaded)
-        except BaseException:
-            del sys.modules[top]
-            raise
-    elif not _inside(loaded, folder):
-        raise ImportError(
-            f"a module {top!r} is already imported from elsewhere, not from {folder}: "
-            "rename the file"
-        )
-    return importlib.import_module(module_name)
+    """Import `module_name` from the files of `folder`, as
+    `eslab_rewards.<folder's hash>.<module_name>`: never under its own name, and without the
+    folder on sys.path, so a file `hmac.py` there is the reward module `hmac` and never
+    stands for the standard `hmac` (for this process, or any import after it), and the
+    standard one never stands for it. Its modules reach each other by relative imports
+    (`from . import helpers`)."""
+    package = _folder_package(folder)
+    try:
+        return importlib.import_module(f"{package}.{module_name}")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith(package + "."):  # said as the path names it
+            name = exc.name.removeprefix(package + ".")
+            raise ModuleNotFoundError(f"no module named {name!r} in {folder}", name=name) from exc
+        raise
 
 
-def _inside(module: ModuleType, folder: Path) -> bool:
-    locations = list(getattr(module, "__path__", None) or [getattr(module, "__file__", None)])
-    return all(place and Path(place).resolve().is_relative_to(folder) for place in locations)
+def _folder_package(folder: Path) -> str:
+    """The name of the package whose __path__ is `folder` alone, created at first use."""
+    digest = hashlib.sha256(str(folder).encode()).hexdigest()[:16]
+    name = f"{FOLDER_NAMESPACE}.f{digest}"
+    if name not in sys.modules:
+        _package(FOLDER_NAMESPACE, [])
+        setattr(sys.modules[FOLDER_NAMESPACE], f"f{digest}", _package(name, [str(folder)]))
+    return name
+
+
+def _package(name: str, path: list[str]) -> ModuleType:
+    """sys.modules[name], made an empty package searching `path` when missing."""
+    if name not in sys.modules:
+        package = ModuleType(name, f"reward modules of {path[0] if path else 'listed folders'}")
+        package.__path__ = path
+        package.__package__ = name
+        sys.modules[name] = package
+    return sys.modules[name]
+
+
+def public_module_name(module: str) -> str:
+    """`module` as a path names it: a listed folder's module without its private package."""
+    if module.startswith(FOLDER_NAMESPACE + "."):
+        return module.split(".", 2)[2] if module.count(".") >= 2 else module
+    return module
 
 
 @dataclass(frozen=True)
@@ -239,7 +257,7 @@ def check_arguments(
 
 def function_path(func: Callable[..., Any]) -> str:
     """The dotted path that names `func` in messages."""
-    module = getattr(func, "__module__", None) or "?"
+    module = public_module_name(getattr(func, "__module__", None) or "?")
     name = getattr(func, "__qualname__", None) or type(func).__qualname__
     return f"{module}.{name}"
 

@@ -14,8 +14,9 @@ blanks around them ignored, each either
 - a dotted module name (`mylab.rewards`): that module and every module under it, imported
   the usual way (sys.path, PYTHONPATH), or
 - an absolute folder (`/srv/eslab/rewards`, `~` expanded): the Python files and packages in
-  it, as top-level modules (`mine.compute_score` for /srv/eslab/rewards/mine.py), imported
-  from that folder only.
+  it, named as top-level modules (`mine.compute_score` for /srv/eslab/rewards/mine.py),
+  imported from that folder only and under a private package (engine.rewards'
+  FOLDER_NAMESPACE), so a file named like another module (`hmac.py`) never replaces it.
 No path part may start with `_`: private modules and functions, dunders included, are never
 reward functions.
 """

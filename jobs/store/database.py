@@ -42,12 +42,24 @@ def describe(url: str) -> str:
     """The URL without its password (in the user part or a `password=` query option), for
     messages. A URL that does not parse keeps only what follows its last `@`."""
     try:
-        parsed = make_url(url)
+        parsed = parse_url(url)
     except (ArgumentError, ValueError):
         scheme, sep, rest = url.rpartition("://")
         return f"{scheme}{sep}***@{rest.rpartition('@')[2]}" if "@" in rest else url
     hidden = {key: "***" for key in parsed.query if "password" in key.lower()}
     return parsed.update_query_dict(hidden).render_as_string(hide_password=True)
+
+
+def parse_url(url: str) -> URL:
+    """`url` as SQLAlchemy reads it, except that the user part ends at the LAST `@` of the
+    address, as in libpq's and a browser's reading. SQLAlchemy ends the password at the first
+    `@`, so a password holding one spilled into the host: `describe` then showed that part,
+    and the driver's "cannot resolve host" error repeated it."""
+    parsed = make_url(url)
+    if parsed.password is None or not parsed.host or "@" not in parsed.host:
+        return parsed
+    spill, _, host = parsed.host.rpartition("@")
+    return parsed.set(password=f"{parsed.password}@{spill}", host=host)
 
 
 def make_engine(url: str | None = None, *, migrating: bool = False) -> Engine:
@@ -67,7 +79,7 @@ def make_engine(url: str | None = None, *, migrating: bool = False) -> Engine:
     if parsed.get_driver_name() == "psycopg":
         require("psycopg", "postgres", f"the database {describe(url)}")
     try:
-        return create_engine(url, pool_pre_ping=True)
+        return create_engine(parsed, pool_pre_ping=True)
     except Exception as exc:  # a missing driver surfaces here, as an ImportError or so
         raise StoreError(f"cannot use database {describe(url)}: {exc}") from exc
 
@@ -77,7 +89,7 @@ def _parse(url: str) -> URL:
     traceback."""
     where = f"{_setting()} {describe(url)}"
     try:
-        parsed = make_url(url)
+        parsed = parse_url(url)
     except ArgumentError as exc:
         raise StoreError(
             f"{where} is not a database URL "

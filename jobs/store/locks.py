@@ -3,22 +3,22 @@ hands queued runs to Ray, and a successor takes over once a dead holder's lease 
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from sqlalchemy import case, delete, update
 
 from jobs.store import models
 from jobs.store.records import LockRecord
-from jobs.store.rows import aware, dialect_insert, utcnow
+from jobs.store.rows import aware, database_now, dialect_insert
 from jobs.store.session import StoreBase
 
 
 class Locks(StoreBase):
     def acquire_lock(self, name: str, owner: str, lease_seconds: float) -> bool:
         """Take the lock `name` or renew it; True while `owner` holds it. A lock whose lease
-        has expired is free: its holder died or stopped renewing."""
-        now = utcnow()
-        expires = now + timedelta(seconds=lease_seconds)
+        has expired is free: its holder died or stopped renewing. Times are the database's
+        (rows.database_now): schedulers on hosts whose clocks disagree still agree on when a
+        lease ends."""
+        now = database_now()
+        expires = database_now(lease_seconds)
         lock = models.SchedulerLock
         with self._session() as s:
             renewed = s.execute(

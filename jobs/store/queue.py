@@ -17,7 +17,7 @@ from jobs.store import models
 from jobs.store.errors import InvalidTransitionError, StoreError
 from jobs.store.fence import compare_and_set, stale_attempt, write_as
 from jobs.store.records import RunRecord
-from jobs.store.rows import event_row, find_run, run_record, utcnow
+from jobs.store.rows import database_now, event_row, find_run, run_record, utcnow
 from jobs.store.session import StoreBase
 from jobs.store.status import RunStatus, can_transition
 from jobs.store.steps import forget_steps_after
@@ -79,7 +79,7 @@ class RunQueue(StoreBase):
         cancelled while queued and then resumed, started late)."""
         with self._session() as s:
             row = find_run(s, run)
-            now = utcnow()
+            now = database_now()  # what the scheduler compares heartbeats against
             return compare_and_set(
                 s,
                 row.id,
@@ -131,7 +131,7 @@ class RunQueue(StoreBase):
         like every write of an attempt (fence.write_as): a worker whose attempt is over
         hears it here, within one heartbeat, even in the middle of a long step."""
         with self._session() as s:
-            run_id = write_as(s, run, attempt, heartbeat_at=utcnow())
+            run_id = write_as(s, run, attempt, heartbeat_at=database_now())
             return RunStatus(s.scalar(select(models.Run.status).where(models.Run.id == run_id)))
 
     def request_cancel(self, run: int | str, *, reason: str | None = None) -> RunRecord:

@@ -7,10 +7,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import DateTime, Float, literal, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.functions import FunctionElement
 
 from jobs.store import models
 from jobs.store.errors import RunNotFoundError, StoreError
@@ -20,6 +22,35 @@ from jobs.store.status import RunStatus
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+class DatabaseNow(FunctionElement):
+    """The database server's current time (UTC), plus a number of seconds: what heartbeats
+    and the scheduler's lease are written with and compared against. Workers, schedulers
+    and dashboards run on several hosts whose clocks may disagree; the database is the one
+    clock they share. SQLite's text format is SQLAlchemy's own (microseconds), so written
+    values compare as text with those SQLAlchemy writes."""
+
+    type = DateTime(timezone=True)
+    name = "database_now"
+    inherit_cache = True
+
+
+def database_now(seconds: float = 0.0) -> DatabaseNow:
+    """The SQL for the database's time `seconds` from now."""
+    return DatabaseNow(literal(float(seconds), Float()))
+
+
+@compiles(DatabaseNow, "sqlite")
+def _sqlite_now(element: DatabaseNow, compiler: Any, **kw: Any) -> str:
+    seconds = compiler.process(next(iter(element.clauses)), **kw)
+    return f"strftime('%Y-%m-%d %H:%M:%f000', 'now', ({seconds}) || ' seconds')"
+
+
+@compiles(DatabaseNow, "postgresql")
+def _postgresql_now(element: DatabaseNow, compiler: Any, **kw: Any) -> str:
+    seconds = compiler.process(next(iter(element.clauses)), **kw)
+    return f"(now() + ({seconds}) * interval '1 second')"
 
 
 def aware(value: datetime | None) -> datetime | None:

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.store.database import describe, make_engine
 from jobs.store.errors import StoreError
 from jobs.store.migrate import require_current_schema
+from jobs.store.rows import aware, database_now
 
 
 class StoreBase:
@@ -29,6 +31,14 @@ class StoreBase:
 
     def close(self) -> None:
         self.engine.dispose()
+
+    def database_now(self) -> datetime:
+        """The database's current time (UTC): heartbeats are written in it, so silence is
+        measured against it, never against this host's clock."""
+        with self._session() as s:
+            now = aware(s.scalar(select(database_now())))
+        assert now is not None
+        return now
 
     @contextmanager
     def _session(self) -> Iterator[Session]:

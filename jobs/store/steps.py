@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from engine.sink import StepReport
 from jobs.store import models
 from jobs.store.fence import write_as
-from jobs.store.rows import event_row, find_run, upsert, utcnow
+from jobs.store.rows import database_now, event_row, find_run, upsert, utcnow
 from jobs.store.session import StoreBase
 
 
@@ -36,7 +36,7 @@ class StepRecords(StoreBase):
                 run,
                 attempt,
                 step=case((step < report.step, report.step), else_=step),
-                heartbeat_at=utcnow(),
+                heartbeat_at=database_now(),
             )
             metric_rows = [
                 {
@@ -68,7 +68,7 @@ class StepRecords(StoreBase):
     def heartbeat(
         self, run: int | str, step: int | None = None, *, attempt: int | None = None
     ) -> None:
-        values = {"heartbeat_at": utcnow()} | ({} if step is None else {"step": step})
+        values = {"heartbeat_at": database_now()} | ({} if step is None else {"step": step})
         with self._session() as s:
             write_as(s, run, attempt, **values)
 

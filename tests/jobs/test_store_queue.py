@@ -1,11 +1,12 @@
 """The store's queue, cancel, resume, export and lock queries, on SQLite and PostgreSQL."""
 
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from engine.sink import PopulationRecord, SampleRecord, StepReport
+from jobs.liveness import silent_seconds
 from jobs.store.errors import InvalidTransitionError, StaleAttemptError
 from jobs.store.status import RunStatus
 
@@ -249,3 +250,50 @@ def test_racing_lock_takers_get_exactly_one_winner(store):
     for t in threads:
         t.join()
     assert sorted(results) == [False, False, False, True]
+
+
+# -- one clock for every host: the database's ------------------------------------------------
+
+
+@pytest.fixture
+def host_clock(monkeypatch):
+    """`host_clock(seconds)`: this host's clock is that far off from here on, as the store
+    reads it (jobs.store.rows): a worker or scheduler on a machine whose clock drifted."""
+    from jobs.store import rows
+
+    def set_skew(seconds: float) -> None:
+        class Skewed(datetime):
+            @classmethod
+            def now(cls, tz=None):
+                return datetime.now(tz) + timedelta(seconds=seconds)
+
+        monkeypatch.setattr(rows, "datetime", Skewed)
+
+    return set_skew
+
+
+def test_a_lease_lasts_by_the_databases_clock_whatever_the_holders_clock(store, host_clock):
+    host_clock(-3600)  # the holder's machine runs an hour slow
+    assert store.acquire_lock("scheduler", "a", lease_seconds=30)
+    host_clock(0)
+    assert not store.acquire_lock("scheduler", "b", lease_seconds=30)  # not expired
+    host_clock(3600)  # nor for a machine an hour fast
+    assert not store.acquire_lock("scheduler", "c", lease_seconds=30)
+    assert store.lock_holder("scheduler").owner == "a"
+
+
+def test_heartbeats_are_written_and_judged_in_the_databases_time(store, host_clock):
+    """A worker whose machine runs an hour slow is not an hour silent to the scheduler."""
+    run = make_run(store)
+    host_clock(-3600)
+    assert store.start_run(run.id)
+    store.beat(run.id)
+    store.heartbeat(run.id, 1)
+    store.record_step(run.id, report(1))
+    host_clock(0)
+    current = store.get_run(run.id)
+    for written in (current.heartbeat_at, current.started_at):  # the server is local:
+        assert abs(written - datetime.now(UTC)) < timedelta(seconds=60)  # its clock is ours
+    database_now = store.database_now()
+    assert abs(database_now - datetime.now(UTC)) < timedelta(seconds=60)
+    assert silent_seconds(current, database_now) < 60

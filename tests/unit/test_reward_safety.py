@@ -5,6 +5,7 @@ is imported, and a reward function gets only the reward_func_args its signature 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from engine.data.datasets import Example, write_dataset
 from engine.rewards import (
     REWARD_MODULES_SETTING,
     RewardError,
+    function_path,
     load_reward_function,
     score_completion,
 )
@@ -24,6 +26,7 @@ from engine.scoring.batch import score_batch
 from engine.trainer import plan_total_steps
 
 CONCISE = "engine.rewards.conciseness.compute_score"
+ROOT = Path(__file__).resolve().parents[2]
 
 # What a form or a YAML file may write, and the message each gets, at validation and at load.
 REFUSED = [
@@ -202,11 +205,54 @@ def test_a_listed_folder_is_imported_from_that_folder_only(lab_folder, tmp_path)
     func = load_reward_function("labrewards.length")
     assert Path(func.__code__.co_filename) == lab_folder / "labrewards.py"
     assert func("abc", target="x") == {"reward": 3.0}
-    # a file named like a module that is already imported elsewhere cannot stand for it
+    # a file named like a module that is already imported elsewhere cannot stand for it,
+    # nor the other way round: each is itself
     (lab_folder / "json.py").write_text("def compute_score(completion_text):\n    return {}\n")
-    with pytest.raises(RewardError) as info:
-        load_reward_function("json.compute_score")
-    assert "a module 'json' is already imported from elsewhere, not from" in str(info.value)
+    func = load_reward_function("json.compute_score")
+    assert Path(func.__code__.co_filename) == lab_folder / "json.py"
+    assert function_path(func) == "json.compute_score"
+    assert sys.modules["json"].__file__ != str(lab_folder / "json.py")
+
+
+SHADOW = """
+def compute_score(completion_text):
+    return {"reward": 1.0}
+
+def compare_digest(a, b):  # a standard function's name, answering "equal" to anything
+    return True
+"""
+
+
+def test_a_folder_file_named_like_a_standard_module_never_replaces_it(tmp_path):
+    """`hmac.py` in a listed folder is the reward module `hmac`; the process's `hmac`, loaded
+    before or after it, is still the standard one (a fresh process: nothing imported yet)."""
+    (tmp_path / "hmac.py").write_text(SHADOW)
+    check = (
+        "from engine.rewards import load_reward_function\n"
+        "func = load_reward_function('hmac.compute_score')\n"
+        "assert func('x') == {'reward': 1.0}\n"
+        "import hmac\n"
+        "print(hmac.__file__, hmac.compare_digest(b'a', b'b'))\n"
+    )
+    env = {**os.environ, REWARD_MODULES_SETTING: str(tmp_path), "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    where, equal = result.stdout.split()
+    assert Path(where).parent != tmp_path and equal == "False"
+
+
+def test_a_folder_modules_reach_each_other_by_relative_imports(tmp_path, monkeypatch):
+    (tmp_path / "helpers.py").write_text("BONUS = 2.0\n")
+    (tmp_path / "mine.py").write_text(
+        "from . import helpers\n\n"
+        "def compute_score(completion_text):\n"
+        "    return {'reward': helpers.BONUS}\n"
+    )
+    monkeypatch.setenv(REWARD_MODULES_SETTING, str(tmp_path))
+    assert load_reward_function("mine.compute_score")("x") == {"reward": 2.0}
+    assert "mine" not in sys.modules and "helpers" not in sys.modules
 
 
 # --- the setting ------------------------------------------------------------------------
