@@ -25,6 +25,9 @@ from jobs.sweeps.spec import SweepSpec
 RUN_PAGE = "app_pages/run.py"
 NEW_PAGE = "app_pages/new_run.py"
 COMPARE_PAGE = "app_pages/compare.py"
+MAX_COMPARE_RUNS = 12
+"""The most runs Compare shows at once: each costs the page a chart line, queries and a
+column of completions."""
 SWEEP_PAGE = "app_pages/sweep.py"
 
 

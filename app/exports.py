@@ -1,39 +1,42 @@
 """Full-resolution downloads of a run and a sweep's table (what `eslab export` writes), built
-only when the user clicks (deferred download data), never on a rerun, and their file names.
+only when the user clicks (deferred download data), never on a rerun, and their file names;
+a checkpoint as a tar streamed to a file or stdout, for `eslab export --checkpoint`.
 
-A checkpoint is offered as a tar only up to ESLAB_MAX_DOWNLOAD_MB (default 1024 MiB). The
-installed Streamlit's download button cannot stream: whatever its callable returns (bytes or
-an open file) is read whole into the server's memory and kept there for the session. So the
-archive is written to an unnamed temporary file in the data folder (gone once closed, even
-if the dashboard dies), handed over as that file, and a larger checkpoint is refused with
-its path on the server instead of being loaded into memory."""
+Streamlit holds whatever a download button serves whole in the server's memory (a callable's
+file too is read into bytes, once per click). So the dashboard builds a run's JSON only up to
+MAX_RUN_JSON_MB (checked in the database before anything is loaded), its metrics CSV from the
+metrics alone, and never a checkpoint: the Run page names the `eslab export` command that
+streams one from the server instead."""
 
 from __future__ import annotations
 
-import io
 import json
-import os
-import stat
 import tarfile
-import tempfile
 from dataclasses import asdict
-from pathlib import Path
+from typing import BinaryIO
 
 import pandas as pd
 
-from engine.data.uploads import MIB, positive_setting
+from engine.data.uploads import MIB
 from engine.filenames import safe_file_name
-from engine.paths import data_dir, resolve_path
+from engine.paths import resolve_path
 from jobs.store.records import RunRecord, SweepRecord
 from jobs.store.store import Store
 from jobs.sweeps.driver import sweep_table
 
-MAX_DOWNLOAD_ENV = "ESLAB_MAX_DOWNLOAD_MB"
-DEFAULT_MAX_DOWNLOAD_MB = 1024
+MAX_RUN_JSON_MB = 32
 
 
-class DownloadTooLarge(Exception):
-    """A checkpoint folder is larger than ESLAB_MAX_DOWNLOAD_MB."""
+def run_json_refusal(store: Store, run_id: int) -> str | None:
+    """Why the dashboard does not build run `run_id`'s JSON, or None when it does."""
+    size = store.export_size(run_id)
+    if size <= MAX_RUN_JSON_MB * MIB:
+        return None
+    return (
+        f"This run's JSON would be about {size / MIB:.0f} MiB, more than the dashboard builds "
+        f"({MAX_RUN_JSON_MB} MiB); on the server, `eslab export {run_id} --out FILE.json` "
+        "writes it."
+    )
 
 
 def run_json(store: Store, run_id: int) -> str:
@@ -44,7 +47,7 @@ def run_json(store: Store, run_id: int) -> str:
 
 def metrics_csv(store: Store, run_id: int) -> str:
     """One row per (key, step) at full resolution."""
-    return pd.DataFrame(store.export_run(run_id).metrics).to_csv(index=False)
+    return pd.DataFrame(store.metric_rows(run_id)).to_csv(index=False)
 
 
 def sweep_csv(store: Store, sweep_id: int) -> str:
@@ -72,53 +75,17 @@ def file_name(run: RunRecord, suffix: str, part: str = "") -> str:
     return safe_file_name(f"run-{run.id}-{run.name}{'-' + part if part else ''}", suffix)
 
 
-def folder_size(folder: Path) -> int:
-    """Bytes of the plain files under `folder`, links not followed (tar stores a link as a
-    link, so what it points to is neither counted nor archived)."""
-    total = 0
-    for root, _dirs, files in os.walk(folder):
-        for name in files:
-            info = os.lstat(os.path.join(root, name))
-            total += info.st_size if stat.S_ISREG(info.st_mode) else 0
-    return total
-
-
-def max_download_bytes() -> int:
-    return int(positive_setting(MAX_DOWNLOAD_ENV, DEFAULT_MAX_DOWNLOAD_MB) * MIB)
-
-
-def too_large(path: str) -> str | None:
-    """Why checkpoint `path` is not offered as a download, or None when it is."""
-    folder = resolve_path(path)
-    size, limit = folder_size(folder), max_download_bytes()
-    if size <= limit:
-        return None
+def checkpoint_command(run: RunRecord, step: int) -> str:
+    """The command that writes checkpoint `step` of `run` as a tar, on the server."""
     return (
-        f"This checkpoint is {size / MIB:.0f} MiB, more than the dashboard serves "
-        f"({limit / MIB:.0f} MiB, the setting {MAX_DOWNLOAD_ENV}); copy {folder} from the "
-        "server instead."
+        f"eslab export {run.id} --checkpoint {step} --out {file_name(run, '.tar', f'step-{step}')}"
     )
 
 
-def folder_tar(path: str) -> io.RawIOBase:
-    """A checkpoint folder as an uncompressed tar (weights barely compress), in an unnamed
-    temporary file of the data folder, read from its start; DownloadTooLarge above the
-    limit (checked again here: the folder may have grown since the button was drawn)."""
-    reason = too_large(path)
-    if reason:
-        raise DownloadTooLarge(reason)
+def write_checkpoint_tar(path: str, out: BinaryIO) -> None:
+    """Checkpoint folder `path` as an uncompressed tar (weights barely compress) written to
+    `out` as a stream, file by file, so that no more than tar's buffer is held at once.
+    Links stay links: what they point to is neither read nor archived."""
     folder = resolve_path(path)
-    scratch = data_dir() / "tmp"
-    scratch.mkdir(parents=True, exist_ok=True)
-    raw = tempfile.TemporaryFile(dir=scratch, buffering=0)  # noqa: SIM115 (the caller's)
-    try:
-        buffered = io.BufferedWriter(raw, buffer_size=MIB)
-        with tarfile.open(fileobj=buffered, mode="w") as tar:
-            tar.add(folder, arcname=folder.name)
-        buffered.flush()
-        buffered.detach()  # keeps `raw` open
-        raw.seek(0)
-    except BaseException:
-        raw.close()
-        raise
-    return raw
+    with tarfile.open(fileobj=out, mode="w|") as tar:
+        tar.add(folder, arcname=folder.name)

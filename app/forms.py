@@ -27,7 +27,7 @@ from engine.config import (
 )
 from engine.data.datasets import DatasetError
 from engine.data.local import dataset_files, default_output_dir, model_folders
-from engine.data.uploads import keep_upload
+from engine.data.uploads import MIB, keep_upload
 from engine.model_files import ModelError
 from engine.paths import config_path
 from engine.rewards import RewardError
@@ -48,10 +48,25 @@ OFFERS: dict[str, Callable[[], list[str]]] = {
 PLACEHOLDERS = {"output_dir": "the run's own folder in the data folder, runs/RUN_NAME"}
 # The output_dir the form chose itself; it follows the run name until someone edits it.
 AUTO_OUTPUT_DIR = PREFIX + "output_dir_auto"
+YAML_UPLOAD_MB = 1
+"""The largest YAML file the form and its sweep section read: a run configuration or a search
+space is a few KiB (a file uploader takes whole MiB)."""
 
 
 def key(name: str) -> str:
     return PREFIX + name
+
+
+def yaml_upload_refusal(upload: Any, what: str) -> str | None:
+    """Why uploaded YAML file `upload` (a run configuration, a space file: `what`) is not
+    read, or None. A file uploader's max_upload_size binds only the browser: the server takes
+    files up to server.maxUploadSize, so the size is checked here, before anything decodes."""
+    if upload.size <= YAML_UPLOAD_MB * MIB:
+        return None
+    return (
+        f"{upload.name}: {what} may be at most {YAML_UPLOAD_MB} MiB, got "
+        f"{upload.size / MIB:.1f} MiB"
+    )
 
 
 def label(spec: FieldSpec) -> str:

@@ -17,7 +17,7 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from app import inspector as ins
-from app.views import MISSING, inert, label, number, param, set_param
+from app.views import MISSING, inert, label, number, param, plain_number, set_param
 from engine.sink import SampleRecord
 from jobs.store.records import RunRecord
 from jobs.store.store import Store
@@ -61,8 +61,14 @@ class Scope:
         return f"{self.key}_{name}" + ("" if step is None else f"_{step}")
 
 
+def _wanted(text: str, choices: Sequence[int], default: int) -> int:
+    """The choice a URL value names when it is one of `choices`, else `default`."""
+    number = plain_number(text)
+    return number if number is not None and number in choices else default
+
+
 def _step_picker(steps: list[int], key: str, url: str) -> int:
-    wanted = int(param(url)) if param(url).isdigit() and int(param(url)) in steps else steps[-1]
+    wanted = _wanted(param(url), steps, steps[-1])
     if len(steps) == 1:
         st.caption(f"step {steps[0]}")
         return steps[0]
@@ -177,7 +183,7 @@ def _cards(shown: Sequence[SampleRecord], scope: Scope) -> None:
     first = 0
     if pages > 1:
         wanted = scope.param("card_page")
-        number = int(wanted) if wanted.isdigit() and 1 <= int(wanted) <= pages else 1
+        number = _wanted(wanted, range(1, pages + 1), 1)
         number = st.number_input(
             f"Page (of {pages})", 1, pages, number, key=scope.widget(f"page_{pages}")
         )
@@ -206,7 +212,7 @@ def _prompt_picker(
     chosen = column.selectbox(
         "Prompt",
         options,
-        index=options.index(int(wanted)) if wanted.isdigit() and int(wanted) in options else 0,
+        index=options.index(_wanted(wanted, options, options[0])),
         format_func=lambda i: f"prompt {i}: {prompts[i][:80]}",
         key=scope.widget("prompt", step),
     )
@@ -244,7 +250,7 @@ def _other_run(column: DeltaGenerator, store: Store, run: RunRecord, scope: Scop
     chosen = column.selectbox(
         "Compare with run",
         ids,
-        index=ids.index(int(wanted)) if wanted.isdigit() and int(wanted) in ids else 0,
+        index=ids.index(_wanted(wanted, ids, ids[0])),
         format_func=lambda i: "this run" if i == run.id else label(by_id[i]),
         key=scope.widget("vs_run"),
     )
@@ -272,7 +278,7 @@ def _counterpart(
     vs_step = c2.selectbox(
         "At step",
         steps,
-        index=steps.index(int(wanted) if wanted.isdigit() and int(wanted) in steps else default),
+        index=steps.index(_wanted(wanted, steps, default)),
         key=scope.widget(f"vs_step_{other.id}", step),
     )
     scope.set("vs_step", str(vs_step), str(default))
@@ -283,7 +289,7 @@ def _counterpart(
         if (s.member, s.sample_index) == (sample.member, sample.sample_index)
     ]
     wanted = scope.param("vs_sample")
-    position = int(wanted) if wanted.isdigit() else (same or [0])[0]
+    position = _wanted(wanted, range(len(group)), (same or [0])[0])
     picked = _pick(c3, "Its sample", group, scope.widget(f"vs_sample_{vs_step}", step), position)
     scope.set("vs_sample", str(picked), str((same or [0])[0]))
     where = f"step {vs_step}" if other.id == run.id else f"{label(other)} step {vs_step}"
@@ -306,7 +312,7 @@ def _compare(
         "Sample",
         group,
         scope.widget("sample", step),
-        int(wanted) if wanted.isdigit() else 0,
+        _wanted(wanted, range(len(group)), 0),
     )
     scope.set("sample", str(position), "0")
     sample = group[position]

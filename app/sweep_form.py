@@ -183,9 +183,15 @@ def render(method: str, errors: dict[str, str]) -> None:
 
 def _yaml_source(errors: dict[str, str]) -> None:
     upload = st.file_uploader(
-        "Upload a space file", type=["yaml", "yml"], key=YAML_FILE, max_upload_size=1
+        "Upload a space file",
+        type=["yaml", "yml"],
+        key=YAML_FILE,
+        max_upload_size=forms.YAML_UPLOAD_MB,
     )
-    if upload is not None and st.session_state.get(PREFIX + "yaml_done") != upload.file_id:
+    refused = upload is not None and forms.yaml_upload_refusal(upload, "a space file")
+    if refused:
+        st.error(inert(refused), icon=":material/error:")
+    elif upload is not None and st.session_state.get(PREFIX + "yaml_done") != upload.file_id:
         st.session_state[PREFIX + "yaml_done"] = upload.file_id
         st.session_state[YAML_TEXT] = upload.getvalue().decode("utf-8", errors="replace")
     st.text_area(

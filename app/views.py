@@ -38,19 +38,25 @@ def param(name: str, default: str = "") -> str:
     return st.query_params.get(name, default)
 
 
+def plain_number(text: str) -> int | None:
+    """`text` as a number from 0 when it is written plainly (at most 19 ASCII digits), else
+    None. str.isdigit() also passes '²', which int() refuses, and other scripts' digits ('٣'),
+    which int() reads as another number; int() alone also reads ' 5', '+5' and '1_000'."""
+    return int(text) if _DECIMAL.fullmatch(text) else None
+
+
 def whole_number(text: str, maximum: int = MAX_ID) -> int | None:
-    """`text` as a number from 1 to `maximum` when it is written plainly (ASCII digits only),
-    else None. int() alone also reads ' 5', '+5', '1_000' and other scripts' digits ('٣'), and
-    an id past 64 bits makes the database raise instead of answering 'no such run'."""
-    if not _DECIMAL.fullmatch(text):
-        return None
-    number = int(text)
-    return number if 1 <= number <= maximum else None
+    """`text` as a number from 1 to `maximum` when it is written plainly, else None (an id
+    past 64 bits would make the database raise instead of answering 'no such run')."""
+    number = plain_number(text)
+    return number if number is not None and 1 <= number <= maximum else None
 
 
-def id_params(name: str, what: str = "run") -> list[int]:
-    """The ids (of runs, or of `what`) of `?name=ID,ID,...` (none when absent). Anything else
-    than plain decimal numbers stops the page with a message saying what the address needs."""
+def id_params(name: str, what: str = "run", most: int | None = None) -> list[int]:
+    """The ids (of runs, or of `what`) of `?name=ID,ID,...` (none when absent), each once, in
+    the order first named. Anything else than plain decimal numbers, or more than `most` ids,
+    stops the page with a message saying what the address needs: every id costs the page
+    queries, and an address is something anyone may hand-edit."""
     ids = [whole_number(x) for x in param_list(name)]
     if None in ids:
         st.error(
@@ -58,7 +64,14 @@ def id_params(name: str, what: str = "run") -> list[int]:
             f"numbers such as `?{name}=12`."
         )
         st.stop()
-    return [i for i in ids if i is not None]
+    unique = list(dict.fromkeys(i for i in ids if i is not None))
+    if most is not None and len(unique) > most:
+        st.error(
+            f"This page's address names {len(unique)} {what}s in `{name}`: it takes at most "
+            f"{most}. Remove some from the address, or select fewer."
+        )
+        st.stop()
+    return unique
 
 
 def id_param(name: str, what: str = "run") -> int | None:

@@ -4,7 +4,7 @@ by default), a summary table, and the completions of one prompt side by side."""
 import pandas as pd
 import streamlit as st
 
-from app import charts, forms
+from app import actions, charts, forms
 from app.state import get_store
 from app.views import (
     MISSING,
@@ -29,13 +29,13 @@ X_AXES = {"step": "step", "wall time (min)": "wall_time"}
 st.title("Compare")
 store = get_store()
 try:
-    runs = [store.get_run(i) for i in id_params("runs")]
+    runs = [store.get_run(i) for i in id_params("runs", most=actions.MAX_COMPARE_RUNS)]
 except StoreError as exc:
     show_error(exc)
     st.stop()
 if len(runs) < 2:
     st.info(
-        "Select two or more runs on the **Runs** page and press Compare "
+        f"Select two to {actions.MAX_COMPARE_RUNS} runs on the **Runs** page and press Compare "
         "(this page's URL is `/compare?runs=ID,ID`)."
     )
     st.stop()

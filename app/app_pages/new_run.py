@@ -15,13 +15,11 @@ from app import actions, auth, forms, presets_view, sweep_form, upload_route, up
 from app.state import get_store
 from app.views import id_param, inert, param, show_error
 from engine.config import ConfigError, config_fields
-from engine.data.uploads import FORM_UPLOAD_MB, MIB, max_upload_mb
+from engine.data.uploads import FORM_UPLOAD_MB, max_upload_mb
 from engine.filenames import safe_file_name
 from engine.presets import load_preset, preset_names
 from engine.rewards import BUILTIN_REWARDS
 from jobs.store.errors import StoreError
-
-YAML_UPLOAD_MB = 1  # a run configuration is a few KiB; the widget takes whole MiB
 
 st.title("New run")
 store = get_store()
@@ -110,15 +108,13 @@ with st.container(border=True):
         format_func=lambda n: n or "choose a reward function",
     )
     imported = c3.file_uploader(
-        "Import YAML", type=["yaml", "yml"], key="new_yaml", max_upload_size=YAML_UPLOAD_MB
+        "Import YAML", type=["yaml", "yml"], key="new_yaml", max_upload_size=forms.YAML_UPLOAD_MB
     )
     if imported is not None and st.session_state.get("new_yaml_done") != imported.file_id:
         st.session_state["new_yaml_done"] = imported.file_id
-        if imported.size > YAML_UPLOAD_MB * MIB:  # the widget's limit is the browser's
-            st.session_state[forms.ERRORS] = {
-                "config": f"{imported.name}: a run configuration may be at most "
-                f"{YAML_UPLOAD_MB} MiB, got {imported.size / MIB:.1f} MiB"
-            }
+        refused = forms.yaml_upload_refusal(imported, "a run configuration")
+        if refused:
+            st.session_state[forms.ERRORS] = {"config": refused}
         else:
             try:
                 forms.load_into_form(forms.parse_yaml(imported.getvalue(), imported.name))

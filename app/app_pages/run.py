@@ -164,17 +164,12 @@ with ckpt_tab:
                     f"step {c.step}: {c.path}" + (" (best)" if resolve_path(c.path) == best else "")
                 ),
             )
-            refused = exports.too_large(chosen.path)
-            if refused:
-                st.warning(inert(refused))
-            else:
-                st.download_button(
-                    "Download as .tar",
-                    lambda: exports.folder_tar(chosen.path),
-                    exports.file_name(run, ".tar", f"step-{chosen.step}"),
-                    "application/x-tar",
-                    icon=":material/download:",
-                )
+            st.caption(
+                "The dashboard does not serve checkpoints (Streamlit would hold each download "
+                "whole in the server's memory). On the server, this writes it as a tar "
+                "(without `--out`, to stdout: `ssh SERVER eslab export ... > FILE.tar`):"
+            )
+            st.code(exports.checkpoint_command(run, chosen.step), language="bash")
             if not (resolve_path(chosen.path) / "config.json").is_file():
                 st.caption(
                     "A cancel's checkpoint: the fp32 master weights and the trainer "
@@ -184,13 +179,17 @@ with ckpt_tab:
     else:
         st.info("No checkpoints yet.")
 with export_tab:
-    st.download_button(
-        "Run as JSON (everything)",
-        lambda: exports.run_json(store, run.id),
-        exports.file_name(run, ".json"),
-        "application/json",
-        icon=":material/download:",
-    )
+    too_large = exports.run_json_refusal(store, run.id)
+    if too_large:
+        st.warning(too_large)  # numbers and constants only
+    else:
+        st.download_button(
+            "Run as JSON (everything)",
+            lambda: exports.run_json(store, run.id),
+            exports.file_name(run, ".json"),
+            "application/json",
+            icon=":material/download:",
+        )
     st.download_button(
         "Metrics as CSV",
         lambda: exports.metrics_csv(store, run.id),

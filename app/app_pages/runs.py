@@ -161,7 +161,12 @@ def table_and_actions(refreshing: bool) -> None:
     b1, b2, b3, b4, b5, b6 = st.columns(6)
     if b1.button("Open", disabled=len(selected) != 1, icon=":material/open_in_new:"):
         st.switch_page(actions.RUN_PAGE, query_params={"run": str(selected[0].id)})
-    if b2.button("Compare", disabled=len(selected) < 2, icon=":material/compare:"):
+    if b2.button(
+        "Compare",
+        disabled=not 2 <= len(selected) <= actions.MAX_COMPARE_RUNS,
+        icon=":material/compare:",
+        help=f"Two to {actions.MAX_COMPARE_RUNS} runs.",
+    ):
         st.switch_page(
             actions.COMPARE_PAGE, query_params={"runs": ",".join(str(r.id) for r in selected)}
         )

@@ -101,13 +101,14 @@ def live() -> None:
 
 
 def compare(table: pd.DataFrame) -> None:
-    """The k best finished runs on the Compare page."""
+    """The k best finished runs on the Compare page (k up to what Compare takes)."""
     finished = len(sweep_view.top_ids(table, len(table)))
     if finished < 2:
         st.caption("Compare opens once two runs have finished with an objective.")
         return
     c1, c2 = st.columns([1, 3], vertical_alignment="bottom")
-    k = c1.number_input("Top k", 2, finished, min(TOP_K, finished), key="top", bind="query-params")
+    most = min(finished, actions.MAX_COMPARE_RUNS)
+    k = c1.number_input("Top k", 2, most, min(TOP_K, most), key="top", bind="query-params")
     c2.page_link(
         actions.COMPARE_PAGE,
         label=f"Compare the top {k}",

@@ -1,5 +1,6 @@
 """`eslab export`: every metric, population row and sample of a run, unsampled, as one JSON
-document, a folder of CSV files, or a self-contained HTML report; with `--sweep`, a sweep's
+document, a folder of CSV files, or a self-contained HTML report; with `--checkpoint`, one
+of its checkpoints as a tar (what the dashboard does not serve); with `--sweep`, a sweep's
 runs, one row each, as CSV, JSON or an HTML report that ranks them."""
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     export.add_argument(
         "--sweep", metavar="ID", help="export this sweep (id or name): one row per run instead"
     )
+    export.add_argument(
+        "--checkpoint",
+        metavar="STEP",
+        type=int,
+        help="write the run's checkpoint of this step as a tar instead (to --out, default stdout)",
+    )
     export.add_argument("--format", choices=("csv", "json", "html"), default="json")
     export.add_argument(
         "--out",
@@ -44,6 +51,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 2
     if args.sweep is not None:
         return export_sweep(args)
+    if args.checkpoint is not None:
+        return export_checkpoint(args)
     with open_store() as store:
         if args.format == "html":
             return _export_html(store, args)
@@ -86,6 +95,34 @@ def _export_html(store: Store, args: argparse.Namespace) -> int:
     out = Path(args.out or default_name(run, ".html"))
     out.write_text(run_report(store, run.id), encoding="utf-8")
     print(f"wrote the report of run {run.id} to {out}", file=sys.stderr)
+    return 0
+
+
+def export_checkpoint(args: argparse.Namespace) -> int:
+    """The run's checkpoint of step --checkpoint as a tar streamed to --out or stdout, a file
+    at a time: a checkpoint of any size costs this process no more than tar's buffer."""
+    from app.exports import write_checkpoint_tar
+    from engine.paths import resolve_path
+
+    with open_store() as store:
+        run = store.get_run(args.run)
+        found = [c.path for c in store.checkpoints(run.id) if c.step == args.checkpoint]
+    if not found or not resolve_path(found[0]).is_dir():
+        print_error(f"run {run.id} has no checkpoint of step {args.checkpoint} on this machine")
+        return 1
+    if args.out in (None, "-"):
+        if sys.stdout.isatty():
+            print_error("a tar is not for a terminal: give --out FILE.tar or redirect stdout")
+            return 2
+        write_checkpoint_tar(found[0], sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+        return 0
+    with open(args.out, "wb") as out:
+        write_checkpoint_tar(found[0], out)
+    print(
+        f"wrote the checkpoint of step {args.checkpoint} of run {run.id} to {args.out}",
+        file=sys.stderr,
+    )
     return 0
 
 

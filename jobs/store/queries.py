@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Text, cast, func, select
+from sqlalchemy.orm import Session
 
 from engine.sink import SampleRecord
 from jobs.store import models
@@ -310,23 +311,40 @@ class RunQueries(StoreBase):
                 out[run_id].append(message)
         return out
 
+    def metric_rows(self, run: int | str) -> list[dict[str, Any]]:
+        """Every metric of a run, unsampled, one row per (key, step): the metrics alone,
+        without the population and samples that export_run loads too."""
+        with self._session() as s:
+            return _rows(s, models.Metric, find_run(s, run).id, *METRIC_ORDER)
+
+    def export_size(self, run: int | str) -> int:
+        """About how many bytes export_run's rows take as JSON (EXPORT_ROW_BYTES a row and
+        the length of its texts and JSON lists), summed in the database: what a caller that
+        must not hold a huge run checks before loading it."""
+        with self._session() as s:
+            run_id = find_run(s, run).id
+            total = 0
+            for table, texts in EXPORT_TEXTS.items():
+                sizes = [func.coalesce(func.sum(func.length(cast(c, Text))), 0) for c in texts]
+                rows, *lengths = s.execute(
+                    select(func.count(), *sizes).select_from(table).where(table.run_id == run_id)
+                ).one()
+                total += rows * EXPORT_ROW_BYTES + sum(lengths)
+            return total
+
     def export_run(self, run: int | str) -> RunExport:
         """Every metric, population row and sample of a run, unsampled (`eslab export`)."""
         with self._session() as s:
             row = find_run(s, run)
-
-            def rows(table: type[models.Base], *order: Any) -> list[dict[str, Any]]:
-                columns = [c for c in table.__table__.columns if c.name not in ("run_id", "id")]
-                result = s.execute(select(*columns).where(table.run_id == row.id).order_by(*order))
-                return [dict(r._mapping) for r in result]
-
-            metric, member, sample = models.Metric, models.PopulationMember, models.Sample
+            member, sample = models.PopulationMember, models.Sample
             exported = RunExport(
                 run=run_record(row),
-                metrics=rows(metric, metric.key, metric.step),
-                population=rows(member, member.step, member.member),
-                samples=rows(
+                metrics=_rows(s, models.Metric, row.id, *METRIC_ORDER),
+                population=_rows(s, member, row.id, member.step, member.member),
+                samples=_rows(
+                    s,
                     sample,
+                    row.id,
                     sample.step,
                     sample.split,
                     sample.prompt_index,
@@ -337,3 +355,28 @@ class RunQueries(StoreBase):
                 events=[],
             )
         return replace(exported, checkpoints=self.checkpoints(row.id), events=self.events(row.id))
+
+
+METRIC_ORDER = (models.Metric.key, models.Metric.step)
+EXPORT_ROW_BYTES = 200
+"""A row's size as JSON apart from its texts: its keys, numbers and punctuation."""
+EXPORT_TEXTS: dict[type[models.Base], tuple[Any, ...]] = {
+    models.Metric: (),
+    models.PopulationMember: (
+        models.PopulationMember.sample_rewards,
+        models.PopulationMember.sample_costs,
+    ),
+    models.Sample: (
+        models.Sample.prompt,
+        models.Sample.completion,
+        models.Sample.reward_parts,
+    ),
+}
+"""The exported tables and their columns whose size grows with what was recorded."""
+
+
+def _rows(s: Session, table: type[models.Base], run_id: int, *order: Any) -> list[dict[str, Any]]:
+    """The run's rows of `table` as plain dicts, without the run id and surrogate key."""
+    columns = [c for c in table.__table__.columns if c.name not in ("run_id", "id")]
+    result = s.execute(select(*columns).where(table.run_id == run_id).order_by(*order))
+    return [dict(r._mapping) for r in result]

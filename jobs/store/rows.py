@@ -60,11 +60,17 @@ def aware(value: datetime | None) -> datetime | None:
     return value
 
 
+def plain_id(text: str) -> bool:
+    """Whether `text` can be a row id: ASCII digits that fit a 64-bit database integer.
+    str.isdigit() alone also passes '²', which int() refuses, and other scripts' digits."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
+
+
 def find_run(session: Session, run: int | str) -> models.Run:
     """A run by its integer id, its uuid, or a unique uuid prefix (what the CLI prints). A
     string of digits is an id first, then a uuid prefix: uuids may start with digits only."""
     row = None
-    if isinstance(run, int) or (run.isascii() and run.isdigit() and len(run) <= 18):
+    if isinstance(run, int) or plain_id(run):
         row = session.get(models.Run, int(run))
     if row is None and isinstance(run, str):
         matches = session.scalars(

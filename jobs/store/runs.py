@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from jobs.store import models
 from jobs.store.errors import InvalidTransitionError, TrialTakenError
 from jobs.store.records import RunRecord
-from jobs.store.rows import find_run, run_record, utcnow
+from jobs.store.rows import find_run, plain_id, run_record, utcnow
 from jobs.store.session import StoreBase
 from jobs.store.status import RunStatus, can_transition
 from jobs.store.sweeps import join_sweep
@@ -121,7 +121,7 @@ class Runs(StoreBase):
         if text.strip():
             needle = text.strip()
             match = [run.name.ilike(f"%{needle}%"), run.uuid.startswith(needle.lower())]
-            if needle.isdigit():
+            if plain_id(needle):
                 match.append(run.id == int(needle))
             where.append(or_(*match))
         if statuses:

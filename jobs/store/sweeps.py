@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from jobs.store import models
 from jobs.store.errors import StoreError, SweepClosedError, SweepNotFoundError
 from jobs.store.records import RunRecord, SweepRecord
-from jobs.store.rows import aware, run_record, utcnow
+from jobs.store.rows import aware, plain_id, run_record, utcnow
 from jobs.store.session import StoreBase
 from jobs.store.status import RunStatus, SweepStatus
 
@@ -154,7 +154,7 @@ class Sweeps(StoreBase):
 def find_sweep(session: Session, sweep: int | str) -> models.Sweep:
     """A sweep by its id, or by its name (a string of digits is an id first)."""
     row = None
-    if isinstance(sweep, int) or (sweep.isascii() and sweep.isdigit() and len(sweep) <= 18):
+    if isinstance(sweep, int) or plain_id(sweep):
         row = session.get(models.Sweep, int(sweep))
     if row is None and isinstance(sweep, str):
         row = session.scalar(select(models.Sweep).where(models.Sweep.name == sweep))

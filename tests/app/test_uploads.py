@@ -1,15 +1,12 @@
 """What a shared dashboard accepts and serves (under AppTest, on a migrated SQLite database):
 the parquet upload needs an editor, is capped (ESLAB_MAX_UPLOAD_MB), is kept only once it
 loads and leaves nothing behind otherwise; unused uploads are removed; the YAML import is
-capped; a checkpoint download is refused above ESLAB_MAX_DOWNLOAD_MB and otherwise built on
-disk; download file names hold only safe characters."""
+capped; download file names hold only safe characters (checkpoints: test_viewer_limits)."""
 
 from __future__ import annotations
 
-import io
 import os
 import secrets
-import tarfile
 import time
 from pathlib import Path
 
@@ -20,7 +17,6 @@ from app import auth, exports
 from app.cli import main
 from engine.data.datasets import DatasetError, write_dataset
 from engine.data.uploads import keep_upload, uploads_dir
-from jobs.store.store import Store
 from jobs.uploads import clean_uploads
 from tests.app.conftest import make_config
 
@@ -234,46 +230,6 @@ def test_a_yaml_import_over_the_cap_is_refused(store):
     assert not at.exception
     assert at.text_input(key="new_noise_std").value != "0.0042"
     assert any("at most 1 MiB" in e.value for e in at.error)
-
-
-# -- the checkpoint download --------------------------------------------------------------
-
-
-def checkpoint(store: Store, tmp_path: Path, mib: float) -> tuple[int, Path]:
-    run = store.search_runs(text="alpha")[0][0]
-    folder = tmp_path / "ckpt" / "step-2"
-    folder.mkdir(parents=True)
-    (folder / "weights.bin").write_bytes(os.urandom(int(mib * 2**20)))
-    (folder / "link").symlink_to("/etc/passwd")
-    store.add_checkpoint(run.id, 2, str(folder))
-    return run.id, folder
-
-
-def test_a_checkpoint_over_the_download_cap_is_refused(store, tmp_path, monkeypatch):
-    monkeypatch.setenv("ESLAB_MAX_DOWNLOAD_MB", "1")
-    run_id, folder = checkpoint(store, tmp_path, 1.5)
-    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT)
-    at.session_state[auth.SESSION_KEY] = session(VIEWER)
-    at.run()
-    at.query_params["run"] = str(run_id)
-    at.switch_page("app_pages/run.py").run()
-    assert not at.exception
-    warnings = [w.value for w in at.warning]
-    assert any("ESLAB\\_MAX\\_DOWNLOAD\\_MB" in w and "2 MiB" in w for w in warnings), warnings
-    with pytest.raises(exports.DownloadTooLarge, match="ESLAB_MAX_DOWNLOAD_MB"):
-        exports.folder_tar(str(folder))
-
-
-def test_a_checkpoint_download_is_built_on_disk(store, tmp_path):
-    _, folder = checkpoint(store, tmp_path, 0.5)
-    archive = exports.folder_tar(str(folder))
-    assert isinstance(archive, io.FileIO)  # a file, not a buffer in memory
-    scratch = tmp_path / "data" / "tmp"
-    assert list(scratch.iterdir()) == []  # unnamed: gone with the process
-    with tarfile.open(fileobj=archive) as tar:
-        members = {m.name: m for m in tar.getmembers()}
-    assert members["step-2/weights.bin"].size == 2**19
-    assert members["step-2/link"].issym()  # a link stays a link: /etc/passwd not read
 
 
 def test_download_file_names_hold_only_safe_characters(store):
