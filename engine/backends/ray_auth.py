@@ -95,10 +95,17 @@ def _create_token_file(path: Path) -> None:
 
 
 def local_cluster_settings() -> None:
-    """For a Ray cluster this process starts on its own machine (a foreground run's engines):
-    token mode, and every server of the node on 127.0.0.1."""
+    """For a Ray cluster that `ray.init()` starts in this process (a foreground run's
+    engines): token mode, and every server of the node on 127.0.0.1. Ray reads its
+    single-machine switch once, when it is first imported, so a process that has imported Ray
+    already is switched as well."""
     require_token_mode()
     os.environ[LOOPBACK_ONLY_SETTING] = "0"
+    try:
+        from ray._private import ray_constants
+    except ImportError:
+        return
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def require_token_mode() -> None:

@@ -1,12 +1,15 @@
 """Ray's token: made when none exists (readable by this user only), refused when others can
 read it or the operator's environment switches token mode off, and a RAY_ADDRESS cluster that
 takes jobs without a token is refused. The real head in token mode, from an empty HOME, is
-tests/jobs/test_service.py's."""
+tests/jobs/test_service.py's; a run's own cluster (ray.init()) is the last test's."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,6 +24,8 @@ from engine.backends.ray_auth import (
     refuse_open_cluster,
     require_token_mode,
 )
+from engine.hosts import is_loopback
+from engine.paths import PROJECT_ROOT
 
 
 @pytest.fixture
@@ -140,3 +145,39 @@ def test_a_cluster_that_asks_for_the_token_is_used(jobs_api):
 def test_a_cluster_not_reachable_over_http_is_left_to_the_first_request():
     refuse_open_cluster("ray://127.0.0.1:1")
     refuse_open_cluster("http://127.0.0.1:1")
+
+
+LOCAL_CLUSTER = """
+import json, psutil, ray
+from engine.backends.ray_auth import local_cluster_settings
+import ray._private.ray_constants  # Ray imported before the switch, as in a run's process
+local_cluster_settings()
+ray.init(log_to_driver=False, include_dashboard=False, num_cpus=1)
+me = psutil.Process()
+listening = [
+    c.laddr.ip
+    for p in [me, *me.children(recursive=True)]
+    for c in p.net_connections(kind="inet")
+    if c.status == psutil.CONN_LISTEN
+]
+print(json.dumps({"listening": listening, "answer": ray.get(ray.remote(lambda: 42).remote())}))
+ray.shutdown()
+"""
+
+
+@pytest.mark.heavy
+def test_a_runs_own_ray_cluster_is_on_loopback_with_a_token(empty_home):
+    """The cluster a foreground run of several engines starts with ray.init() (EnginePool)."""
+    result = subprocess.run(
+        [sys.executable, "-c", LOCAL_CLUSTER],
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["answer"] == 42
+    assert len(report["listening"]) >= 5, report  # GCS, raylet, agents were found
+    assert all(is_loopback(ip) for ip in report["listening"]), report
+    assert stat.S_IMODE((empty_home / ".ray" / "auth_token").stat().st_mode) == 0o600
