@@ -74,9 +74,9 @@ def schedule(
         values = planned_schedule(
             cfg[kind], start, cfg[final], run.total_steps, cfg[rate], cfg[power]
         )
-        plan = charts.downsample(
-            pd.DataFrame({"step": range(len(values)), "value": values}), "step", "value"
-        )
+        # values[k] is what the update of step k + 1 uses, and is recorded at step k + 1.
+        steps = range(1, len(values) + 1)
+        plan = charts.downsample(pd.DataFrame({"step": steps, "value": values}), "step", "value")
     return charts.planned_chart(done, plan, key)
 
 

@@ -96,7 +96,9 @@ def planned_schedule(
     rate: float = 0.95,
     power: float = 1.0,
 ) -> list[float]:
-    """The value used at every training step 0 .. total_steps - 1 (the dashboard's plan)."""
+    """The value of every step, in order (the dashboard's plan): values[k] is
+    schedule_value(k), what the (k + 1)-th update uses, recorded at step k + 1 as metrics
+    number their steps (engine/trainer/loop.py, docs/metrics.md)."""
     return [
         schedule_value(kind, initial, final, step, total_steps, rate, power)
         for step in range(total_steps)

@@ -12,13 +12,16 @@ A path names code, and whoever launches a run writes it, so:
   setting's format: engine/rewards/_allowed.py). The path is checked before anything is
   imported, and what it names after: not a class, not a builtin, not a function that the
   module only imports (`from os import system` does not make `system` a reward function).
-- a function is called with exactly the arguments its signature names. Its first parameter
-  takes the completion text (positionally); every key of a row's reward_func_args must be the
-  name of one of its other parameters (positional-or-keyword or keyword-only) and every such
-  parameter without a default must be given. A `**kwargs` parameter receives nothing: a key
-  the signature does not name is refused, never passed on, so a dataset cannot add
-  `shell=True` or any other keyword that changes what the function does. The same holds for
-  each function member of an ensemble, which gets the same reward_func_args.
+- a function is called with the arguments its signature takes. Its first parameter takes the
+  completion text (positionally), and no key of a row's reward_func_args may name it. A
+  function with `**kwargs` gets every other key, as nlp-waseda/lbes's documented
+  `compute_score(completion_text: str, **kwargs)` expects: its module is allowed, so what it
+  does with them is its author's, the operator's, choice. A function without `**kwargs` gets
+  only keys that name one of its other parameters (positional-or-keyword or keyword-only), and
+  any other key is refused, never dropped, so a dataset cannot add `shell=True` to a function
+  that does not ask for extra keywords. Every such parameter without a default must be given.
+  The same holds for each function member of an ensemble, which gets the same
+  reward_func_args.
 
 A function that raises, or returns anything but a dict of finite numbers with a `reward`,
 stops the run with a `RewardError` naming the function and the sample: the jbejjani2022 fork
@@ -191,6 +194,10 @@ class _Parameters:
 
     named: frozenset[str]
     required: frozenset[str]
+    completion: str | None
+    """The completion text's parameter, when a keyword could also give it (not positional-only)."""
+    any_keyword: bool
+    """The function takes `**kwargs`: keys it does not name go there."""
 
 
 _BY_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -216,9 +223,12 @@ def _parameters(func: Callable[..., Any]) -> _Parameters:
             f"has positional-only parameters {unfillable} that reward_func_args cannot give"
         )
     by_keyword = [p for p in rest if p.kind in _BY_KEYWORD]
+    first = parameters[0]
     return _Parameters(
         named=frozenset(p.name for p in by_keyword),
         required=frozenset(p.name for p in by_keyword if p.default is p.empty),
+        completion=first.name if first.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD else None,
+        any_keyword=any(p.kind is inspect.Parameter.VAR_KEYWORD for p in rest),
     )
 
 
@@ -230,13 +240,18 @@ def argument_problem(func: Callable[..., Any], reward_func_args: Mapping[str, An
     except ValueError as exc:
         return str(exc)
     given = set(reward_func_args)
-    unknown = sorted(map(str, given - parameters.named))
+    if parameters.completion in given:
+        return (
+            f"is given reward_func_args [{parameters.completion!r}], the name of its "
+            "parameter that takes the completion text"
+        )
+    unknown = [] if parameters.any_keyword else sorted(map(str, given - parameters.named))
     if unknown:
         names = ", ".join(sorted(parameters.named)) or "none"
         return (
             f"is given reward_func_args {unknown} that are not its parameters (its "
-            f"parameters: {names}); a reward function gets only the arguments its "
-            "signature names, never through **kwargs"
+            f"parameters: {names}); a function without **kwargs gets only the arguments "
+            "its signature names"
         )
     missing = sorted(parameters.required - given)
     if missing:

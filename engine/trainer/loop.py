@@ -140,6 +140,8 @@ def train(
             state = replace(state, totals=totals)
             if logging_due(config, step, data.total_steps) or last:
                 sink.log_step(report)
+            elif evaluation is not None:
+                sink.log_step(evaluation)  # logging_steps thins the training metrics only
             if evaluation is not None:
                 checkpoints.keep_if_best(state, evaluation)
             if _due(

@@ -79,3 +79,34 @@ def test_the_planned_learning_rate_follows_es_at_scales_rule(seeded_url, dataset
         row["value"] for rows in chart["datasets"].values() for row in rows if "value" in row
     ]
     assert max(planned) == pytest.approx(2e-6)  # noise_std^2 / 2, not learning_rate
+
+
+def test_the_planned_schedules_lie_on_what_the_run_recorded(seeded_url, dataset, tmp_path):
+    """The dashed plan and the recorded noise_std and learning_rate meet at every step: the
+    value at step s is the one step s's update used (docs/metrics.md)."""
+    config = toy_config(
+        str(dataset),
+        tmp_path / "plan",
+        max_steps=4,
+        noise_std_scheduler_type="linear",
+        noise_std_final=0.01,
+        lr_scheduler_type="cosine",
+        lr_final=0.0,
+        eval_strategy="no",
+    )
+    sink = MemorySink()
+    train(config, sink, pool=ToyPool())
+    store = Store(seeded_url)
+    try:
+        run = store.create_run(name="plan-run", method="es", config=config.to_flat(), total_steps=4)
+        for report in sink.steps:
+            store.record_step(run.id, report)
+        charts = {o[0]: run_charts.schedule(store, run, *o).to_dict() for o in run_charts.SCHEDULES}
+    finally:
+        store.close()
+    for key, chart in charts.items():
+        planned, used = (chart["datasets"][layer["data"]["name"]] for layer in chart["layer"])
+        recorded = dict(sink.series(key))
+        assert sorted(recorded) == [1, 2, 3, 4]
+        assert {row["step"]: row["value"] for row in used} == pytest.approx(recorded)
+        assert {row["step"]: row["value"] for row in planned} == pytest.approx(recorded), key

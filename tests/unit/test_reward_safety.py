@@ -24,6 +24,7 @@ from engine.rewards import (
 from engine.rewards._allowed import AllowList, SettingError
 from engine.scoring.batch import score_batch
 from engine.trainer import plan_total_steps
+from jobs.planning import plan_run
 
 CONCISE = "engine.rewards.conciseness.compute_score"
 ROOT = Path(__file__).resolve().parents[2]
@@ -287,14 +288,14 @@ def test_a_bad_setting_is_named_where_it_matters(monkeypatch, value, message):
     assert config(reward_func_path=CONCISE)  # the built-ins do not depend on it
 
 
-# --- a reward function gets only the arguments its signature names ------------------------
+# --- a reward function gets the arguments its signature takes ------------------------------
 
 
-def run_command(completion_text: str, *, target: str, **options: object) -> dict:
-    """A reward function that passes its extra keywords on, as a careless one might."""
+def run_command(completion_text: str, *, target: str, check: bool = False) -> dict:
+    """A reward function that would run its completion as a command with `shell=True`."""
     import subprocess
 
-    subprocess.run(completion_text, check=False, **options)
+    subprocess.run(completion_text, check=check)
     return {"reward": 0.0}
 
 
@@ -304,12 +305,13 @@ def run_command(completion_text: str, *, target: str, **options: object) -> dict
         (
             {"target": "x", "shell": True},
             "is given reward_func_args ['shell'] that are not its parameters (its "
-            "parameters: target); a reward function gets only the arguments its signature "
-            "names, never through **kwargs",
+            "parameters: check, target); a function without **kwargs gets only the arguments "
+            "its signature names",
         ),
         (
             {"target": "x", "completion_text": "y"},
-            "is given reward_func_args ['completion_text'] that are not its parameters",
+            "is given reward_func_args ['completion_text'], the name of its parameter that "
+            "takes the completion text",
         ),
         ({}, "needs reward_func_args ['target'], which are missing"),
     ],
@@ -344,6 +346,52 @@ def test_a_dataset_whose_args_the_function_does_not_name_is_refused_at_planning(
         plan_total_steps(run)
     assert str(info.value) == (
         f"reward function {CONCISE} is given reward_func_args ['shell'] that are not its "
-        "parameters (its parameters: target); a reward function gets only the arguments its "
-        f"signature names, never through **kwargs: data.train_file {train}, row 1"
+        "parameters (its parameters: target); a function without **kwargs gets only the "
+        f"arguments its signature names: data.train_file {train}, row 1"
+    )
+
+
+# nlp-waseda/lbes's README documents a reward function as
+# `compute_score(completion_text: str, **kwargs) -> dict[str, float]`, its reward_func_args
+# passed through **kwargs.
+LBES_DOCUMENTED = """
+def compute_score(completion_text: str, **kwargs) -> dict[str, float]:
+    hit = float(completion_text.strip() == str(kwargs["target"]))
+    return {"reward": hit, "given": float(len(kwargs))}
+"""
+
+
+@pytest.fixture
+def lbes_module(tmp_path, monkeypatch) -> str:
+    """A reward module of that shape in an operator's folder, allowed by its path."""
+    folder = tmp_path / "rewards"
+    folder.mkdir()
+    (folder / "mine.py").write_text(LBES_DOCUMENTED)
+    monkeypatch.setenv(REWARD_MODULES_SETTING, str(folder))
+    return "mine.compute_score"
+
+
+def test_a_function_with_kwargs_gets_every_key_when_planned_and_scored(tmp_path, lbes_module):
+    args = [{"target": "7", "numbers": [3, 4]}, {"target": "12", "numbers": [3, 4]}]
+    train = write_dataset(
+        [Example([{"role": "user", "content": "q"}], a) for a in args], tmp_path / "train.parquet"
+    )
+    run = config(train_file=str(train), reward_func_path=lbes_module, model="some-org/some-model")
+    # jobs.planning.plan_run: the checks of the New run form and `eslab submit` (jobs.launch)
+    assert plan_run(run, name="lbes-kwargs").total_steps == plan_total_steps(run)
+    outputs = [[Completion("7", 1, True), Completion("8", 1, True)]] * 2
+    scored = score_batch(outputs, args, lbes_module, "step 0")
+    assert scored.rewards.tolist() == [[1.0, 0.0], [0.0, 0.0]]
+    assert scored.parts["given"].tolist() == [[2.0, 2.0], [2.0, 2.0]]
+
+
+def test_a_function_with_kwargs_is_still_refused_its_completion_parameter(lbes_module):
+    func = load_reward_function(lbes_module)
+    with pytest.raises(RewardError) as info:
+        score_completion(
+            func, "7", {"target": "7", "completion_text": "8"}, sample_description="row 3"
+        )
+    assert str(info.value).startswith(
+        "reward function mine.compute_score is given reward_func_args ['completion_text'], "
+        "the name of its parameter that takes the completion text on row 3"
     )

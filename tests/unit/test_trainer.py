@@ -150,6 +150,20 @@ def test_es_on_the_toy_engine_raises_the_eval_reward(dataset, tmp_path):
     assert (tmp_path / "out" / "weights.npy").is_file()  # the final model
 
 
+def test_evaluations_run_every_eval_steps_and_at_the_last_step_whatever_logging_steps(
+    dataset, tmp_path
+):
+    """As docs/algorithms.md ("When evaluation runs") says: step 0, every eval_steps-th
+    step, and the last step; logging_steps thins the training metrics, never an evaluation."""
+    sink = MemorySink()
+    config = make_config(dataset, tmp_path, eval_steps=3, logging_steps=2)
+    train(config, sink, pool=ToyPool())
+    assert [s for s, _ in sink.series(mk.reward_key(mk.EVAL))] == [0, 3, 6, 9, 10]
+    assert [s for s, _ in sink.series(mk.reward_key(mk.TRAIN))] == [2, 4, 6, 8, 10]
+    (at_3,) = [r for r in sink.steps if r.step == 3]  # the evaluation's report alone
+    assert not at_3.population and mk.NOISE_STD not in at_3.metrics
+
+
 def test_resuming_from_a_checkpoint_gives_the_same_metrics(dataset, tmp_path):
     straight = MemorySink()
     train(
