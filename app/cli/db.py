@@ -22,22 +22,27 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     db_cmds.add_parser("current", help="show the current migration").set_defaults(
         func=cmd_db_current
     )
-    backup = db_cmds.add_parser(
-        "backup",
-        help="a consistent copy of the database, taken while runs write (SQLite: one file; "
-        "PostgreSQL: pg_dump's custom format)",
+    copies = (
+        (
+            "backup",
+            "a consistent copy of the database, taken while runs write (SQLite: one file; "
+            "PostgreSQL: pg_dump's custom format)",
+            "replace FILE if it exists",
+            cmd_db_backup,
+        ),
+        (
+            "restore",
+            "bring a backup back into the database (stop `eslab serve` first); refused "
+            "where the database has runs, unless --force",
+            "replace the runs the database holds",
+            cmd_db_restore,
+        ),
     )
-    backup.add_argument("file", metavar="FILE", type=Path)
-    backup.add_argument("--force", action="store_true", help="replace FILE if it exists")
-    backup.set_defaults(func=cmd_db_backup)
-    restore = db_cmds.add_parser(
-        "restore",
-        help="bring a backup back into the database (stop `eslab serve` first); refused "
-        "where the database has runs, unless --force",
-    )
-    restore.add_argument("file", metavar="FILE", type=Path)
-    restore.add_argument("--force", action="store_true", help="replace the runs the database holds")
-    restore.set_defaults(func=cmd_db_restore)
+    for name, summary, force_help, func in copies:
+        command = db_cmds.add_parser(name, help=summary)
+        command.add_argument("file", metavar="FILE", type=Path)
+        command.add_argument("--force", action="store_true", help=force_help)
+        command.set_defaults(func=func)
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import URL, Engine, func, inspect, select, table, text
+from sqlalchemy import URL, Connection, Engine, func, inspect, select, table, text
 from sqlalchemy.exc import SQLAlchemyError
 from tqdm import tqdm
 
@@ -119,12 +119,9 @@ def _check_backup_file(file: Path, header: bytes, engine: Engine) -> None:
 def _refuse_replacing_runs(engine: Engine, force: bool) -> None:
     if force:
         return
-    try:
-        runs = _count_runs(engine)
-    except SQLAlchemyError as exc:
-        raise StoreError(f"cannot read the database {describe(str(engine.url))}: {exc}") from exc
-    finally:
-        engine.dispose()  # no connection of ours may hold the database during the restore
+    with _reading(engine) as connection:
+        has_runs = inspect(connection).has_table("runs")
+        runs = connection.scalar(select(func.count()).select_from(table("runs"))) if has_runs else 0
     if runs:
         raise StoreError(
             f"the database {describe(str(engine.url))} holds {runs} run(s), which the restore "
@@ -133,11 +130,18 @@ def _refuse_replacing_runs(engine: Engine, force: bool) -> None:
         )
 
 
-def _count_runs(engine: Engine) -> int:
-    if not inspect(engine).has_table("runs"):
-        return 0
-    with engine.connect() as connection:
-        return connection.scalar(select(func.count()).select_from(table("runs"))) or 0
+@contextmanager
+def _reading(engine: Engine) -> Iterator[Connection]:
+    """A connection for a check before a restore, closed with the engine's pool after it:
+    no connection of ours may hold the database while it is replaced."""
+    try:
+        with engine.connect() as connection:
+            yield connection
+    except SQLAlchemyError as exc:
+        reason = getattr(exc, "orig", None) or exc
+        raise StoreError(f"cannot read the database {describe(str(engine.url))}: {reason}") from exc
+    finally:
+        engine.dispose()
 
 
 def _schema_problem(url: str) -> str | None:
@@ -327,11 +331,8 @@ def _refuse_in_use_pg(engine: Engine) -> None:
         "SELECT count(*) FROM pg_stat_activity "
         "WHERE datname = current_database() AND pid <> pg_backend_pid()"
     )
-    try:
-        with engine.connect() as connection:
-            count = connection.scalar(others)
-    finally:
-        engine.dispose()
+    with _reading(engine) as connection:
+        count = connection.scalar(others)
     if count:
         raise StoreError(
             f"the database {describe(str(engine.url))} is in use ({count} other "
