@@ -1,12 +1,17 @@
-"""`eslab db upgrade | downgrade | current`: the database's Alembic migrations."""
+"""`eslab db upgrade | downgrade | current`: the database's Alembic migrations; `eslab db
+backup | restore`: a copy of it taken while runs write, and its return (jobs.store.backup)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
-    db = commands.add_parser("db", help="database migrations (ESLAB_DATABASE_URL or data/eslab.db)")
+    db = commands.add_parser(
+        "db", help="database migrations and backups (ESLAB_DATABASE_URL or data/eslab.db)"
+    )
     db_cmds = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     up = db_cmds.add_parser("upgrade", help="upgrade to the latest migration")
     up.add_argument("revision", nargs="?", default="head")
@@ -17,6 +22,27 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     db_cmds.add_parser("current", help="show the current migration").set_defaults(
         func=cmd_db_current
     )
+    copies = (
+        (
+            "backup",
+            "a consistent copy of the database, taken while runs write (SQLite: one file; "
+            "PostgreSQL: pg_dump's custom format)",
+            "replace FILE if it exists",
+            cmd_db_backup,
+        ),
+        (
+            "restore",
+            "bring a backup back into the database (stop `eslab serve` first); refused "
+            "where the database has runs, unless --force",
+            "replace the runs the database holds",
+            cmd_db_restore,
+        ),
+    )
+    for name, summary, force_help, func in copies:
+        command = db_cmds.add_parser(name, help=summary)
+        command.add_argument("file", metavar="FILE", type=Path)
+        command.add_argument("--force", action="store_true", help=force_help)
+        command.set_defaults(func=func)
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
@@ -43,4 +69,24 @@ def cmd_db_current(args: argparse.Namespace) -> int:
     finally:
         engine.dispose()
     print(f"{describe(database_url())}: migration {current or 'none'} (latest {head_revision()})")
+    return 0
+
+
+def cmd_db_backup(args: argparse.Namespace) -> int:
+    from jobs.store.backup import backup_database
+    from jobs.store.database import database_url, describe
+
+    size = backup_database(args.file, force=args.force)
+    print(f"{describe(database_url())}: backed up to {args.file} ({size:,} bytes)")
+    return 0
+
+
+def cmd_db_restore(args: argparse.Namespace) -> int:
+    from jobs.store.backup import restore_database
+
+    problem = restore_database(args.file, force=args.force)
+    print(f"restored {args.file}")
+    cmd_db_current(args)
+    if problem:
+        print(f"eslab: warning: {' '.join(problem.split())}", file=sys.stderr)
     return 0

@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import pytest
 import yaml
@@ -66,9 +67,10 @@ def _pg_bin(name: str) -> str | None:
 
 class PostgresServer:
     """A throw-away PostgreSQL cluster in a temporary folder. PostgreSQL refuses to run as
-    root, so as root the server runs as the `postgres` user the package creates."""
+    root, so as root the server runs as the `postgres` user the package creates. With a
+    `password`, every connection must give it (scram-sha-256); without, none is asked."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
         initdb, self.pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
         if not (initdb and self.pg_ctl):
             raise RuntimeError(
@@ -81,7 +83,15 @@ class PostgresServer:
         if os.geteuid() == 0:
             shutil.chown(self.folder, "postgres")
             self._as = ["runuser", "-u", "postgres", "--"]
-        self._run(initdb, "-D", self.data, "-U", PG_USER, "--auth=trust", "-E", "UTF8", "--no-sync")
+        auth = ["--auth=trust"]
+        if password:
+            pwfile = os.path.join(self.folder, "pwfile")
+            with open(pwfile, "w") as handle:
+                handle.write(password)
+            if self._as:
+                shutil.chown(pwfile, "postgres")
+            auth = ["--auth=scram-sha-256", f"--pwfile={pwfile}"]
+        self._run(initdb, "-D", self.data, "-U", PG_USER, *auth, "-E", "UTF8", "--no-sync")
         options = (
             f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 "
             "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
@@ -99,7 +109,9 @@ class PostgresServer:
             "60",
             "start",
         )
-        self.base_url = f"postgresql+psycopg://{PG_USER}@127.0.0.1:{self.port}"
+        self.password = password
+        user = PG_USER if password is None else f"{PG_USER}:{quote(password, safe='')}"
+        self.base_url = f"postgresql+psycopg://{user}@127.0.0.1:{self.port}"
 
     def _run(self, *cmd: str) -> None:
         result = subprocess.run([*self._as, *cmd], capture_output=True, text=True, timeout=120)
@@ -111,7 +123,12 @@ class PostgresServer:
 
         name = f"t_{uuid.uuid4().hex[:12]}"
         with psycopg.connect(
-            f"host=127.0.0.1 port={self.port} user={PG_USER} dbname=postgres", autocommit=True
+            host="127.0.0.1",
+            port=self.port,
+            user=PG_USER,
+            password=self.password,
+            dbname="postgres",
+            autocommit=True,
         ) as conn:
             conn.execute(f"CREATE DATABASE {name}")
         return f"{self.base_url}/{name}"
