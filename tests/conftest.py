@@ -22,12 +22,18 @@ from pathlib import Path
 import pytest
 
 from engine.backends.vllm.cpu.resources import KV_CACHE_SETTING
+from engine.paths import INPUT_ROOTS_SETTING, PROJECT_ROOT
 from engine.rewards import REWARD_MODULES_SETTING
 
 # The tests name reward functions of their own modules (tests.jobs.standin.reward, ...), which
 # only the operator's setting allows. Set here, before any test runs, so that the CLI
 # subprocesses, the scheduler's Ray jobs and foreground runs of the session all see it.
 os.environ[REWARD_MODULES_SETTING] = "tests"
+
+# Many tests name placeholder datasets relative to the project (`train_file: t.parquet`), some
+# in configurations built while their module is collected, before any fixture runs: the project
+# is an input root (ESLAB_INPUT_ROOTS) for the whole session, its subprocesses and Ray jobs.
+os.environ[INPUT_ROOTS_SETTING] = str(PROJECT_ROOT)
 
 TEST_KV_CACHE_GIB = 0.25
 """The KV cache of every engine a session starts (in this process, in `eslab` commands and in
