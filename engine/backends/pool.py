@@ -21,6 +21,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any, TypeVar
 
 from engine.backends.base import (
@@ -32,7 +33,7 @@ from engine.backends.base import (
     PerturbationEngine,
     Prompt,
 )
-from engine.backends.ray_auth import local_cluster_settings
+from engine.backends.ray_auth import local_cluster
 
 R = TypeVar("R")
 
@@ -345,9 +346,10 @@ class EnginePool:
         import ray
 
         if not ray.is_initialized():
-            if not os.environ.get("RAY_ADDRESS"):  # a cluster of this run's own, not a job's
-                local_cluster_settings()
-            ray.init(ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
+            # a cluster of this run's own (in a Ray job, RAY_ADDRESS names the job's cluster)
+            own = local_cluster() if not os.environ.get("RAY_ADDRESS") else nullcontext()
+            with own:
+                ray.init(ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
             self._owns_ray = True
         tp = int(options.get("tensor_parallel_size", 1))
         on_gpu = ray.cluster_resources().get("GPU", 0) > 0

@@ -19,6 +19,8 @@ import secrets
 import stat
 import sys
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 MODE_SETTING = "RAY_AUTH_MODE"
@@ -94,18 +96,34 @@ def _create_token_file(path: Path) -> None:
     print(f"made a Ray token for this user in {path}", flush=True)
 
 
-def local_cluster_settings() -> None:
-    """For a Ray cluster that `ray.init()` starts in this process (a foreground run's
+@contextmanager
+def local_cluster() -> Iterator[None]:
+    """Around a `ray.init()` that starts a Ray cluster in this process (a foreground run's
     engines): token mode, and every server of the node on 127.0.0.1. Ray reads its
     single-machine switch once, when it is first imported, so a process that has imported Ray
-    already is switched as well."""
+    already is switched as well. The switch is put back afterwards (the node's processes keep
+    it): left in the environment, a `ray start` this process runs later to join a cluster of
+    several machines refuses to ("Multi-node Ray clusters are not supported")."""
     require_token_mode()
-    os.environ[LOOPBACK_ONLY_SETTING] = "0"
     try:
         from ray._private import ray_constants
     except ImportError:
+        yield
         return
+    before_env, before_constant = (
+        os.environ.get(LOOPBACK_ONLY_SETTING),
+        ray_constants.ENABLE_RAY_CLUSTER,
+    )
+    os.environ[LOOPBACK_ONLY_SETTING] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before_constant
+        if before_env is None:
+            os.environ.pop(LOOPBACK_ONLY_SETTING, None)
+        else:
+            os.environ[LOOPBACK_ONLY_SETTING] = before_env
 
 
 def require_token_mode() -> None:

@@ -149,10 +149,12 @@ def test_a_cluster_not_reachable_over_http_is_left_to_the_first_request():
 
 LOCAL_CLUSTER = """
 import json, psutil, ray
-from engine.backends.ray_auth import local_cluster_settings
-import ray._private.ray_constants  # Ray imported before the switch, as in a run's process
-local_cluster_settings()
-ray.init(log_to_driver=False, include_dashboard=False, num_cpus=1)
+from engine.backends.ray_auth import LOOPBACK_ONLY_SETTING, local_cluster
+import os, ray._private.ray_constants as constants  # Ray imported first, as in a run's process
+before = os.environ.get(LOOPBACK_ONLY_SETTING), constants.ENABLE_RAY_CLUSTER
+with local_cluster():
+    ray.init(log_to_driver=False, include_dashboard=False, num_cpus=1)
+assert (os.environ.get(LOOPBACK_ONLY_SETTING), constants.ENABLE_RAY_CLUSTER) == before
 me = psutil.Process()
 listening = [
     c.laddr.ip

@@ -56,6 +56,9 @@ there (it prefers the driver's node while that is under half full): only the pla
 group's SPREAD puts one on the second node."""
 NODE_RESOURCE = "eslab_second_node"
 NODE_ENV = {
+    # nodes of a cluster of several machines, whatever a single-machine Ray of this session
+    # (engine.backends.ray_auth.local_cluster) left behind
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
     # A node whose raylet is gone counts as dead after 3 missed health checks a second
     # apart, so a lost engine fails its run within seconds.
     "RAY_health_check_period_ms": "1000",
