@@ -22,7 +22,7 @@ from engine import metrics as mk
 from engine.sink import StepReport
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
-from tests.app.browser import free_port, playwright_or_skip, shots_folder
+from tests.app.browser import WAIT_MS, free_port, playwright_or_skip, shots_folder
 from tests.app.sample_runs import CHANGED, END, LONG, add_lbes_samples, add_sweep
 
 APP = Path(__file__).resolve().parents[2] / "app" / "main.py"
@@ -105,20 +105,20 @@ def shots(tmp_path) -> Path:
 def test_runs_and_run_pages_in_chromium(server, browser, shots):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(f"{server}/")
-    page.get_by_text("8 runs · page 1 of 1", exact=False).wait_for(timeout=30_000)
-    page.locator("[data-testid='stDataFrame'] canvas").first.wait_for(timeout=30_000)
-    page.get_by_role("button", name="Compare").wait_for(timeout=30_000)
+    page.get_by_text("8 runs · page 1 of 1", exact=False).wait_for(timeout=WAIT_MS)
+    page.locator("[data-testid='stDataFrame'] canvas").first.wait_for(timeout=WAIT_MS)
+    page.get_by_role("button", name="Compare").wait_for(timeout=WAIT_MS)
     page.screenshot(path=shots / "runs.png", full_page=True)
 
     page.goto(f"{server}/run?run=1")
-    page.get_by_role("heading", name="alpha-run").wait_for(timeout=30_000)
-    page.get_by_text("population fitness per step").first.wait_for(timeout=30_000)
+    page.get_by_role("heading", name="alpha-run").wait_for(timeout=WAIT_MS)
+    page.get_by_text("population fitness per step").first.wait_for(timeout=WAIT_MS)
     page.screenshot(path=shots / "run.png", full_page=True)
     assert "2 / 5" in page.inner_text("body")
 
     fresh = browser.new_page()  # a collaborator opening the copied link
     fresh.goto(f"{server}/run?run=2&x=wall+time+%28min%29")
-    fresh.get_by_role("heading", name="beta-run").wait_for(timeout=30_000)
+    fresh.get_by_role("heading", name="beta-run").wait_for(timeout=WAIT_MS)
     assert fresh.get_by_role("radio", name="wall time (min)").is_checked()
 
 
@@ -136,15 +136,15 @@ def test_other_pages_in_chromium(server, browser, shots, path, text):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(f"{server}{path}")
     # table cells are in the DOM for accessibility but hidden under the canvas
-    page.get_by_text(text).first.wait_for(state="attached", timeout=30_000)
+    page.get_by_text(text).first.wait_for(state="attached", timeout=WAIT_MS)
     page.screenshot(path=shots / f"{re.sub(r'[^a-z0-9]+', '-', path.strip('/'))}.png")
 
 
 def test_run_page_tab_comes_from_the_url(server, browser, shots):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(f"{server}/run?run=2&tab=LBES")
-    page.get_by_role("tab", name="LBES", selected=True).wait_for(timeout=30_000)
-    page.get_by_text("Members at step 2").wait_for(timeout=30_000)  # visible: tab is open
+    page.get_by_role("tab", name="LBES", selected=True).wait_for(timeout=WAIT_MS)
+    page.get_by_text("Members at step 2").wait_for(timeout=WAIT_MS)  # visible: tab is open
     page.get_by_role("tab", name="LBES").scroll_into_view_if_needed()
     page.screenshot(path=shots / "run-lbes.png")
 
@@ -155,21 +155,21 @@ def test_the_sample_inspector_in_chromium(server, browser, shots):
     prompt's at the step before, the changes highlighted."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(f"{server}/samples?run=2")
-    page.get_by_text("7 of 7 samples at step 2").wait_for(timeout=30_000)
+    page.get_by_text("7 of 7 samples at step 2").wait_for(timeout=WAIT_MS)
     page.locator("[data-testid='stSelectbox']").filter(has_text="Kept or dropped").click()
     by_variance = "dropped by prompt-variance filter (top_k_prompt_reward_var)"
     page.get_by_role("option", name=by_variance).click()
-    page.get_by_text("3 of 7 samples at step 2").wait_for(timeout=30_000)
+    page.get_by_text("3 of 7 samples at step 2").wait_for(timeout=WAIT_MS)
     expect = playwright_api.expect  # retries until the rerun has replaced the old cards
-    expect(page).to_have_url(re.compile("outcome=top_k_prompt_reward_var"), timeout=30_000)
+    expect(page).to_have_url(re.compile("outcome=top_k_prompt_reward_var"), timeout=WAIT_MS)
     cards = page.locator("[data-testid='stMarkdownContainer']", has_text=by_variance)
-    expect(cards).to_have_count(3, timeout=30_000)
+    expect(cards).to_have_count(3, timeout=WAIT_MS)
     expect(page.locator("[data-testid='stCode']", has_text=CHANGED[2])).to_have_count(0)
     page.screenshot(path=shots / "samples-dropped.png")
 
     page.goto(f"{server}/samples?run=2&outcome=kept")
     long = page.locator("[data-testid='stCode'] pre", has_text=END)
-    long.wait_for(timeout=30_000)
+    long.wait_for(timeout=WAIT_MS)
     assert " ".join(long.inner_text().split()) == LONG
     width, seen_width, height, seen_height = long.evaluate(
         "e => [e.scrollWidth, e.clientWidth, e.scrollHeight, e.clientHeight]"
@@ -181,13 +181,13 @@ def test_the_sample_inspector_in_chromium(server, browser, shots):
     page.screenshot(path=shots / "samples-long.png")
 
     page.goto(f"{server}/samples?run=2&view=compare&prompt=1")
-    page.get_by_text("Changes from step 1 to step 2").wait_for(timeout=30_000)
+    page.get_by_text("Changes from step 1 to step 2").wait_for(timeout=WAIT_MS)
     for text in CHANGED.values():
-        page.locator("[data-testid='stCode']", has_text=text).wait_for(timeout=30_000)
+        page.locator("[data-testid='stCode']", has_text=text).wait_for(timeout=WAIT_MS)
     removed = page.locator(".stMarkdownColoredBackground del", has_text="plus")
     added = page.locator(".stMarkdownColoredBackground", has_text="times")
-    expect(removed).to_be_visible(timeout=30_000)
-    expect(added.last).to_be_visible(timeout=30_000)
+    expect(removed).to_be_visible(timeout=WAIT_MS)
+    expect(added.last).to_be_visible(timeout=WAIT_MS)
     page.get_by_text("Changes from step 1 to step 2").scroll_into_view_if_needed()
     page.screenshot(path=shots / "samples-compare.png")
 
@@ -197,35 +197,35 @@ def test_the_sweep_page_in_chromium(server, browser, shots):
     link opening its Run page."""
     page = browser.new_page(viewport={"width": 1400, "height": 1300})
     page.goto(f"{server}/sweep?sweep=1")
-    page.get_by_role("heading", name="noise-sweep").wait_for(timeout=30_000)
+    page.get_by_role("heading", name="noise-sweep").wait_for(timeout=WAIT_MS)
     chart = page.locator("[data-testid='stVegaLiteChart']").locator("svg, canvas")
-    chart.first.wait_for(timeout=30_000)
+    chart.first.wait_for(timeout=WAIT_MS)
     # the grid's cells are in the DOM for accessibility, in the order the table shows them
     cells = page.locator("[data-testid='stDataFrame'] [role='gridcell']")
-    playwright_api.expect(cells.first).to_be_attached(timeout=30_000)
+    playwright_api.expect(cells.first).to_be_attached(timeout=WAIT_MS)
     names = [t for t in cells.all_inner_texts() if t.startswith("noise-sweep-t")]
     assert names[:2] == ["noise-sweep-t001", "noise-sweep-t000"]
     page.screenshot(path=shots / "sweep.png", full_page=True)
 
     page.get_by_role("link", name=re.compile("Best run: noise-sweep-t001")).click()
-    page.get_by_role("heading", name="noise-sweep-t001").wait_for(timeout=30_000)
+    page.get_by_role("heading", name="noise-sweep-t001").wait_for(timeout=WAIT_MS)
     # the Sweep page's tab (?tab=Search+space) rides along until the Run page's own tabs,
     # which know no such tab, drop it on their first run: wait for that, do not race it
-    playwright_api.expect(page).to_have_url(re.compile(r"/run\?run=4$"), timeout=30_000)
+    playwright_api.expect(page).to_have_url(re.compile(r"/run\?run=4$"), timeout=WAIT_MS)
 
 
 def test_run_page_refreshes_itself_while_live(server, browser, seeded_url, shots):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(f"{server}/run?run=1")
-    page.get_by_text("2 / 5").wait_for(timeout=30_000)
+    page.get_by_text("2 / 5").wait_for(timeout=WAIT_MS)
     store = Store(seeded_url)
     try:
         store.record_step(
             1, StepReport(step=3, metrics={mk.reward_key(mk.TRAIN): 0.9}, wall_time=1003.0)
         )
-        page.get_by_text("3 / 5").wait_for(timeout=30_000)  # no reload: the fragment ticks
+        page.get_by_text("3 / 5").wait_for(timeout=WAIT_MS)  # no reload: the fragment ticks
         store.set_status(1, RunStatus.SUCCEEDED)
-        page.get_by_text("succeeded").wait_for(timeout=30_000)
+        page.get_by_text("succeeded").wait_for(timeout=WAIT_MS)
     finally:
         store.close()
     page.screenshot(path=shots / "run-succeeded.png")

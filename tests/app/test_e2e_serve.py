@@ -23,7 +23,7 @@ from jobs.phases import STARTING_ENGINE
 from jobs.store.migrate import upgrade
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
-from tests.app.browser import playwright_or_skip, shots_folder
+from tests.app.browser import WAIT_MS, playwright_or_skip, shots_folder
 from tests.app.serving import eslab_serve, serve_env
 
 pytestmark = pytest.mark.heavy
@@ -60,13 +60,13 @@ def log_in(page, name: str) -> None:
     page.get_by_label("User name", exact=True).fill(name)
     page.get_by_label("Password", exact=True).fill(PASSWORDS[name])
     page.get_by_role("button", name="Log in").click()
-    page.get_by_text(f"Signed in as {name}").wait_for(timeout=30_000)
+    page.get_by_text(f"Signed in as {name}").wait_for(timeout=WAIT_MS)
 
 
 def settle(page) -> None:
     """Wait for the script rerun a widget change started to finish."""
     page.wait_for_timeout(300)
-    page.locator("[data-testid='stStatusWidget']").wait_for(state="detached", timeout=30_000)
+    page.locator("[data-testid='stStatusWidget']").wait_for(state="detached", timeout=WAIT_MS)
 
 
 def field(name: str) -> str:
@@ -91,7 +91,7 @@ def choose(page, label: str, option: str) -> None:
 
 
 def expand_all(page) -> None:
-    page.locator("[data-testid='stExpander']").last.wait_for(timeout=30_000)
+    page.locator("[data-testid='stExpander']").last.wait_for(timeout=WAIT_MS)
     closed = page.locator("[data-testid='stExpander'] details:not([open]) summary")
     while closed.count():  # the list shrinks as each one opens
         closed.first.click()
@@ -147,9 +147,9 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
     page.get_by_role("button", name="Queue run").click()
 
     # Its page: queued -> running -> succeeded, charts filling in, all without a reload.
-    page.get_by_role("heading", name="e2e-a").wait_for(timeout=60_000)
+    page.get_by_role("heading", name="e2e-a").wait_for(timeout=WAIT_MS)
     assert "/run?run=1" in page.url
-    page.get_by_role("button", name="Cancel").wait_for(timeout=30_000)  # an editor may
+    page.get_by_role("button", name="Cancel").wait_for(timeout=WAIT_MS)  # an editor may
     seen = watch_run(page, RUN_DEADLINE_S)
     print("run page:", seen)
     statuses = list(dict.fromkeys(status for status, _ in seen))
@@ -159,7 +159,7 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
         (tmp / "serve.log").read_text()[-3000:],
     )
     assert seen[0][1] == 0  # no chart before the first step ...
-    page.get_by_text("population fitness per step").first.wait_for(timeout=30_000)
+    page.get_by_text("population fitness per step").first.wait_for(timeout=WAIT_MS)
     assert charts_on(page) >= 7  # ... then population, rewards, schedules, phases
     assert metric(page, "Step") == "2 / 2"
     assert page.evaluate("window.eslabMarker") == "no reload"
@@ -177,52 +177,52 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
     settle(page)
     assert "tab=Samples" in page.url
     shared = login(browser, page.url, "ed")
-    shared.get_by_role("heading", name="e2e-a").wait_for(timeout=30_000)
-    shared.get_by_role("tab", name="Samples", selected=True).wait_for(timeout=30_000)
-    shared.get_by_text("population fitness per step").first.wait_for(timeout=30_000)
-    shared.get_by_text("samples at step 2").wait_for(timeout=30_000)
-    shared.locator("[data-testid='stCode']").first.wait_for(timeout=30_000)  # a sample's card
+    shared.get_by_role("heading", name="e2e-a").wait_for(timeout=WAIT_MS)
+    shared.get_by_role("tab", name="Samples", selected=True).wait_for(timeout=WAIT_MS)
+    shared.get_by_text("population fitness per step").first.wait_for(timeout=WAIT_MS)
+    shared.get_by_text("samples at step 2").wait_for(timeout=WAIT_MS)
+    shared.locator("[data-testid='stCode']").first.wait_for(timeout=WAIT_MS)  # a sample's card
     shared.screenshot(path=shots / "e2e-shared-url.png", full_page=True)
 
     # A second run: a clone of the first, queued from the prefilled form.
     page.get_by_role("button", name="Clone").click()
-    page.get_by_text("Cloning run 1").wait_for(timeout=30_000)
+    page.get_by_text("Cloning run 1").wait_for(timeout=WAIT_MS)
     settle(page)
     expand_all(page)
     page.locator(f"input[aria-label='{field('run_name')}'][value^='e2e-a-clone-']").wait_for(
-        state="attached", timeout=30_000
+        state="attached", timeout=WAIT_MS
     )  # prefilled from run 1
     fill(page, field("run_name"), "e2e-b")
     page.get_by_role("button", name="Queue run").click()
-    page.get_by_role("heading", name="e2e-b").wait_for(timeout=60_000)
+    page.get_by_role("heading", name="e2e-b").wait_for(timeout=WAIT_MS)
     # Meanwhile the Runs page, left open, refreshes itself until no run is live.
     runs = login(browser, f"{base}/", "ed")
     refreshing = runs.get_by_text("refreshing every 5 s")
-    refreshing.wait_for(timeout=30_000)
+    refreshing.wait_for(timeout=WAIT_MS)
     runs.evaluate("window.eslabMarker = 'no reload'")
     assert watch_run(page, RUN_DEADLINE_S)[-1][0] == "succeeded"
     assert page.evaluate("window.eslabMarker") == "no reload"
-    refreshing.wait_for(state="detached", timeout=30_000)
-    runs.get_by_text("2 runs · page 1 of 1").wait_for(timeout=30_000)
+    refreshing.wait_for(state="detached", timeout=WAIT_MS)
+    runs.get_by_text("2 runs · page 1 of 1").wait_for(timeout=WAIT_MS)
     assert runs.evaluate("window.eslabMarker") == "no reload"
     runs.screenshot(path=shots / "e2e-runs.png", full_page=True)
 
     page.goto(f"{base}/compare?runs=1,2")  # a new session: log in again
     log_in(page, "ed")
-    page.get_by_text("Only differences").wait_for(timeout=30_000)
-    page.locator("[data-testid='stVegaLiteChart']").first.wait_for(timeout=30_000)
+    page.get_by_text("Only differences").wait_for(timeout=WAIT_MS)
+    page.locator("[data-testid='stVegaLiteChart']").first.wait_for(timeout=WAIT_MS)
     assert "e2e-b" in page.inner_text("body")
     page.screenshot(path=shots / "e2e-compare.png", full_page=True)
 
     # A viewer sees the runs but no action, and cannot queue one.
     viewer = login(browser, f"{base}/run?run=1", "vi")
-    viewer.get_by_role("heading", name="e2e-a").wait_for(timeout=30_000)
-    viewer.get_by_text("You are a viewer").wait_for(timeout=30_000)
+    viewer.get_by_role("heading", name="e2e-a").wait_for(timeout=WAIT_MS)
+    viewer.get_by_text("You are a viewer").wait_for(timeout=WAIT_MS)
     for name in ("Cancel", "Clone", "Resume"):
         assert viewer.get_by_role("button", name=name).count() == 0
     viewer.screenshot(path=shots / "e2e-viewer-run.png", full_page=True)
     viewer.get_by_role("link", name="Runs", exact=True).click()
-    viewer.get_by_text("Viewers cannot clone").wait_for(timeout=30_000)
+    viewer.get_by_text("Viewers cannot clone").wait_for(timeout=WAIT_MS)
     assert viewer.get_by_role("button", name="Delete").count() == 0
     viewer.screenshot(path=shots / "e2e-viewer-runs.png", full_page=True)
     viewer.get_by_role("link", name="New run", exact=True).click()
