@@ -25,6 +25,7 @@ POPULATION_REWARD = "population_reward"
 std`, ...), where `train/reward/std` is the reference's spread of each sample's reward."""
 EVAL_RUNTIME = "eval/runtime"
 EVAL_SAMPLES_PER_SECOND = "eval/samples_per_second"
+EVAL_TOTAL_SAMPLES = "eval/total_samples"  # completions the evaluation scored
 TIME_TOTAL = "time/total"  # cumulative time/step over the run
 LORA_RANK = "train/lora/rank"
 """Rank of the members' perturbation; logged only by runs with perturbation lora, so its
@@ -35,8 +36,10 @@ presence marks the mode on the dashboard's charts."""
 # `train/objective/*`, and each ensemble member's score `train/member/<name>/mean`.
 LAMBDA = "train/lambda"  # the lambda this step's fitness used
 LAMBDA_NEXT = "train/lambda/next"  # after this step's update: the next step's lambda
-JC_RAW = "train/j_c/raw"  # mean cost of the unperturbed model - d
-JC_SMOOTHED = "train/j_c/smoothed"  # its moving average, which moves ln(lambda)
+JC_RAW = "train/j_c/raw"  # mean cost of the unperturbed model - d, never clipped
+JC = "train/j_c"  # J_C the rule averages: JC_RAW, its positive part with lambda_pos_cost_only
+JC_SMOOTHED = "train/j_c/smoothed"  # the moving average of JC, which moves ln(lambda)
+COST_THRESHOLD = "train/cost_threshold_d"  # d of the constraint mean(C) <= d, every update
 SAFE_RATIO = "train/safe_ratio"  # share of the population's responses with cost <= 0
 BASE_COST_MEAN = "train/base/cost/mean"  # the unperturbed model's mean cost
 BASE_SAFE_RATIO = "train/base/safe_ratio"

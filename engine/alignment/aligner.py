@@ -100,7 +100,9 @@ class Aligner:
         return {
             **metrics,
             mk.JC_RAW: update.jc_raw,
+            mk.JC: update.jc,
             mk.JC_SMOOTHED: update.jc_smoothed,
+            mk.COST_THRESHOLD: self.rule.cost_threshold_d,
             mk.LAMBDA_NEXT: update.state.value,
             mk.BASE_COST_MEAN: float(np.mean(base.parts[COST])),
             mk.BASE_SAFE_RATIO: safe_ratio(base.parts[COST]),

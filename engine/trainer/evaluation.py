@@ -51,6 +51,7 @@ def evaluate(
         **(aligner.eval_metrics(result) if aligner is not None else {}),
         mk.EVAL_RUNTIME: runtime,
         mk.EVAL_SAMPLES_PER_SECOND: result.rewards.size / runtime,
+        mk.EVAL_TOTAL_SAMPLES: float(result.rewards.size),
     }
     return StepReport(
         step=step,

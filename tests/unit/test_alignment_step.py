@@ -80,6 +80,34 @@ def test_the_unperturbed_model_is_generated_only_to_adapt_lambda(dataset, tmp_pa
         assert any(s.member is None for s in report.samples) == adapt
 
 
+@pytest.mark.parametrize("positive_only", [False, True])
+def test_j_c_is_logged_raw_clipped_and_smoothed_with_its_d(dataset, tmp_path, positive_only):
+    """Every cost is 0.5 and d is 1: J_C raw is -0.5 every step; the J_C the rule averages is
+    its positive part (0) with lambda_pos_cost_only, as the fork's `lambda/J_C`."""
+    sink = MemorySink()
+    with stub_scorer(answer) as url:
+        config = make_config(
+            dataset,
+            tmp_path,
+            reward_source="scorer",
+            reward_func_path=None,
+            scorer_url=url,
+            scorer_retries=0,
+            population_size=POPULATION,
+            max_steps=STEPS,
+            eval_strategy="no",
+            lambda_adapt=True,
+            cost_threshold_d=1.0,
+            lambda_pos_cost_only=positive_only,
+        )
+        train(config, sink, pool=ToyPool())
+    expected = 0.0 if positive_only else -0.5
+    for report in sink.steps:
+        m = report.metrics
+        assert m[mk.JC_RAW] == pytest.approx(-0.5) and m[mk.COST_THRESHOLD] == 1.0
+        assert m[mk.JC] == pytest.approx(expected) and m[mk.JC_SMOOTHED] == pytest.approx(expected)
+
+
 def varied(body: dict) -> tuple[int, bytes]:
     """Rewards 1, 2, 3, ... and costs alternating +0.5 / -0.25 over a request's pairs."""
     n = len(body["prompts"])

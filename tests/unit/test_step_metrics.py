@@ -247,6 +247,7 @@ def test_a_run_writes_cumulative_tokens_and_time_and_the_rates(method, dataset, 
     assert evaluated.metrics[mk.EVAL_SAMPLES_PER_SECOND] == pytest.approx(
         len(EXAMPLES) / evaluated.metrics[mk.EVAL_RUNTIME]
     )
+    assert evaluated.metrics[mk.EVAL_TOTAL_SAMPLES] == len(EXAMPLES)
 
     # a resumed run goes on counting from the checkpoint
     resumed = MemorySink()
