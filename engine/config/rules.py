@@ -334,14 +334,21 @@ def run_name_problem(name: str) -> str | None:
     )
 
 
-@_rule("report_to")
+@_rule("report_to", "report_key_names")
 def _report_to(v: dict[str, Any]) -> Iterator[FieldError]:
     from engine.reporters import parse_report_to
 
     try:
-        parse_report_to(v["report_to"])
+        trackers = parse_report_to(v["report_to"])
     except ValueError as exc:
         yield FieldError("report_to", f"logging.report_to {exc}")
+        return
+    if v["report_key_names"] == "reference" and not trackers:
+        yield FieldError(
+            "report_key_names",
+            "logging.report_key_names 'reference' names keys for the trackers, and "
+            "logging.report_to names none: add tensorboard or wandb, or use eslab",
+        )
 
 
 @_rule("run_name")

@@ -27,6 +27,7 @@ from engine.config.yaml_io import read_yaml_file, write_yaml
 from engine.fitness import SHAPERS
 from engine.lowrank.factors import LORA_KERNELS, NOISE_SCALINGS
 from engine.prompts import PROMPT_FORMATS
+from engine.reporters.reference_keys import KEY_NAMES
 from engine.schedules import SCHEDULES
 
 STRATEGIES = ("no", "steps", "epoch")
@@ -602,6 +603,16 @@ class LoggingConfig:
         "(Weights & Biases, files in output_dir/wandb, WANDB_MODE=offline keeps them on "
         "disk; the `wandb` extra). None or none: ES Lab's own store only.",
         label="Also report to",
+    )
+    report_key_names: str = option(
+        "eslab",
+        "Key names the trackers get: eslab, or reference, which also writes each metric under "
+        "the key the method's reference repository logs it as (ES at Scale for es, the "
+        "alignment fork for alignment runs; LBES's names are ES Lab's), so their charts "
+        "overlay; an ES Lab key that the reference uses for another quantity goes to the "
+        "trackers as eslab/KEY. ES Lab's store keeps its own names.",
+        label="Tracker key names",
+        choices=KEY_NAMES,
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.reporters.reference_keys import ReferenceKeys, reference_of
 from engine.sink import Reporter
 
 if TYPE_CHECKING:  # engine.config's rules read parse_report_to
@@ -56,4 +57,7 @@ def open_reporters(config: RunConfig, output_dir: Path) -> list[Reporter]:
         for reporter in reporters:
             reporter.close()
         raise
+    reference = reference_of(config)
+    if config.logging.report_key_names == "reference" and reference is not None:
+        return [ReferenceKeys(reporter, reference, config) for reporter in reporters]
     return reporters

@@ -117,6 +117,75 @@ def test_report_to_is_validated(dataset, tmp_path):  # noqa: F811
     assert make_config(dataset, tmp_path, report_to="none").logging.report_to is None
 
 
+def test_reference_key_names_overlay_es_at_scales_charts(dataset, tmp_path):  # noqa: F811
+    """With report_key_names reference an ES run's event files hold ES at Scale's keys with
+    its meanings: `train/reward/std` is the spread of the members' mean rewards (ES Lab's
+    `train/population_reward/std`), ES Lab's spread of every sample moves to
+    `eslab/train/reward/std`, sigma and alpha get its names; the store keeps ES Lab's."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sink = MemorySink()
+    config = make_config(
+        dataset,
+        tmp_path,
+        report_to="tensorboard",
+        report_key_names="reference",
+        max_steps=3,
+    )
+    train(config, sink, pool=ToyPool())
+    events = EventAccumulator(str(tmp_path / "out" / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+
+    def written(key: str) -> list[float]:
+        return [e.value for e in events.Scalars(key)]
+
+    def stored(key: str) -> list[float]:
+        return [v for _, v in sink.series(key)]
+
+    spread = mk.reward_key(mk.TRAIN, mk.POPULATION_REWARD, "std")
+    sample_spread = mk.reward_key(mk.TRAIN, "reward", "std")
+    assert written("train/reward/std") == pytest.approx(stored(spread))
+    assert written("eslab/train/reward/std") == pytest.approx(stored(sample_spread))
+    assert written("train/es/sigma") == pytest.approx(stored(mk.NOISE_STD))
+    assert written("train/es/alpha") == pytest.approx(stored(mk.LEARNING_RATE))
+    assert written("train/es/population") == [config.es.population_size] * 3
+    assert written("global_step") == [1, 2, 3]
+    assert all("train/es/sigma" not in r.metrics for r in sink.steps)  # the store: ES Lab's
+
+
+def test_reference_key_names_of_the_alignment_fork_and_lbes():
+    from engine.reporters.reference_keys import (
+        ALIGNMENT_FORK,
+        ES_AT_SCALE,
+        reference_metrics,
+    )
+
+    step = {
+        mk.NOISE_STD: 0.01,
+        mk.LAMBDA: 1.0,
+        mk.LAMBDA_NEXT: 1.5,
+        mk.JC: 0.0,
+        mk.JC_RAW: -0.2,
+        mk.JC_SMOOTHED: 0.0,
+        mk.COST_THRESHOLD: 0.2,
+        mk.reward_key(mk.TRAIN, "objective", "max"): 3.0,
+    }
+    written = reference_metrics(step, 4, ALIGNMENT_FORK, config=None)
+    assert written["lambda/value"] == 1.5 and written["lambda/J_C_raw"] == -0.2
+    assert written["lambda/J_C"] == 0.0 and written["lambda/d"] == 0.2
+    assert written["combined/max"] == 3.0
+    assert not any(k.startswith("eslab/") for k in written)  # no clash with the fork's names
+    assert {k: written[k] for k in step} == step
+    # every key a reference maps from is one ES Lab defines
+    for reference in (ES_AT_SCALE, ALIGNMENT_FORK):
+        assert all(mk.is_known_key(ours) for ours in reference.keys.values()), reference.name
+
+
+def test_reference_key_names_need_a_tracker(dataset, tmp_path):  # noqa: F811
+    with pytest.raises(ConfigError, match="report_key_names 'reference' names keys for the"):
+        make_config(dataset, tmp_path, report_key_names="reference")
+
+
 def test_wandb_writes_every_step_offline_where_wandb_reads_it_back(
     dataset,  # noqa: F811
     tmp_path,
