@@ -13,6 +13,7 @@ import time
 
 from engine.backends.base import Completion
 from engine.scoring.batch import score_batch
+from engine.scoring.reward_process import RewardLimit
 
 PATH = "engine.rewards.countdown.compute_score"
 TEXT = "<think>8 * 3 = 24, plus 1</think>\n<answer>(8 * 3) + 1</answer>"
@@ -36,16 +37,16 @@ def main() -> None:
     outputs = [[Completion(TEXT, 40, True)] * a.n for _ in range(a.prompts)]
     args = [{"target": 25, "numbers": [8, 3, 1]}] * a.prompts
 
-    def run(timeout_s: float | None) -> None:
-        score_batch(outputs, args, PATH, "bench", timeout_s)
+    def run(limit: RewardLimit | None) -> None:
+        score_batch(outputs, args, PATH, "bench", limit)
 
     start = time.perf_counter()
-    run(10.0)
+    run(RewardLimit(10.0))
     count = a.prompts * a.n
     rows = [
         ("child start-up and first batch", (time.perf_counter() - start) * 1000),
         (f"{count} completions, in process", best_ms(lambda: run(None), a.repeat)),
-        (f"{count} completions, child process", best_ms(lambda: run(10.0), a.repeat)),
+        (f"{count} completions, child process", best_ms(lambda: run(RewardLimit(10.0)), a.repeat)),
     ]
     for label, ms in rows:
         print(f"{label:<40} {ms:8.1f} ms")

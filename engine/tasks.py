@@ -17,6 +17,7 @@ from engine.backends.base import Completion, PerturbationEngine
 from engine.backends.pool import EnginePool
 from engine.prompts import Prompt
 from engine.scoring.batch import ScoredBatch, score_batch
+from engine.scoring.reward_process import RewardLimit
 from engine.scoring.sources import RewardSources
 
 
@@ -38,7 +39,7 @@ class GenerateAndScore:
     sampling: SamplingSpec
     description: str = "a sample"
     sources: RewardSources | None = None  # scorer / ensemble rewards and costs (alignment)
-    reward_timeout_s: float | None = None  # reward_timeout_seconds (None: no limit)
+    reward_limit: RewardLimit | None = None  # for the reward function (None: no limit)
 
     def __call__(self, engine: PerturbationEngine | EnginePool) -> ScoredBatch:
         """Runs on a (perturbed) engine, or on the pool for the unperturbed model."""
@@ -67,7 +68,7 @@ class GenerateAndScore:
                 self.reward_func_args,
                 self.reward_func_path,
                 self.description,
-                self.reward_timeout_s,
+                self.reward_limit,
             )
         batch.token_ids = [[tuple(c.token_ids) for c in cs] for cs in outputs]
         return batch

@@ -29,6 +29,7 @@ from engine.lowrank.factors import LORA_KERNELS, NOISE_SCALINGS
 from engine.prompts import PROMPT_FORMATS
 from engine.reporters.reference_keys import KEY_NAMES
 from engine.schedules import SCHEDULES
+from engine.scoring.reward_process import TIMEOUT_ACTIONS, RewardLimit
 
 STRATEGIES = ("no", "steps", "epoch")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -332,15 +333,27 @@ class RewardConfig:
     )
     reward_timeout_seconds: float | None = option(
         10.0,
-        "Seconds one reward function call may take on one completion before the run "
-        "stops with an error naming the function and the sample (ES at Scale's default "
-        "is 10; it scores such a completion 0 instead). Reward functions then run in a "
-        "child process that can be killed; None runs them in the trainer's own process "
-        "with no limit.",
+        "Seconds one reward function call may take on one completion (ES at Scale's "
+        "default is 10). Reward functions then run in a child process that can be killed; "
+        "None runs them in the trainer's own process with no limit.",
         label="Reward time limit (s)",
         min_value=0.0,
         exclusive_min=True,
     )
+    reward_timeout_action: str = option(
+        "stop",
+        "What a completion whose reward runs past reward_timeout_seconds gets: stop (the "
+        "run fails with an error naming the function and the sample) or score_zero (its "
+        "reward is 0, its other parts unknown, and the run goes on, as in ES at Scale).",
+        label="On a reward timeout",
+        choices=TIMEOUT_ACTIONS,
+    )
+
+    def limit(self) -> RewardLimit | None:
+        """The reward functions' time limit; None: no limit (they run in-process)."""
+        if self.reward_timeout_seconds is None:
+            return None
+        return RewardLimit(self.reward_timeout_seconds, self.reward_timeout_action)
 
 
 _LBES = ("lbes",)

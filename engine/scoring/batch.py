@@ -3,7 +3,8 @@
 Rewards are computed on the completion text only, never on prompt + completion; a reward
 function that fails or returns a non-finite value raises (engine.rewards.score_completion).
 With a time limit (`reward_timeout_seconds`) they run in a child process that is killed when
-one completion takes longer (engine/scoring/reward_process.py).
+one completion takes longer, which stops the run or scores that completion 0
+(`reward_timeout_action`; engine/scoring/reward_process.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.rewards import load_reward_function, score_completion
-from engine.scoring.reward_process import score_in_process
+from engine.scoring.reward_process import RewardLimit, score_in_process
 
 if TYPE_CHECKING:
     from engine.backends.base import Completion
@@ -73,20 +74,20 @@ def score_batch(
     reward_func_args: list[dict[str, Any]],
     reward_func_path: str,
     description: str,
-    timeout_s: float | None = None,
+    limit: RewardLimit | None = None,
 ) -> ScoredBatch:
-    """`timeout_s` None scores in this process, with no time limit."""
+    """`limit` None scores in this process, with no time limit."""
     num_prompts, n = len(outputs), len(outputs[0]) if outputs else 0
     items = [
         (completion.text, args, f"{description}, prompt {b} sample {j}")
         for b, (completions, args) in enumerate(zip(outputs, reward_func_args, strict=True))
         for j, completion in enumerate(completions)
     ]
-    if timeout_s is None:
+    if limit is None:
         func = load_reward_function(reward_func_path)
         scored = [score_completion(func, t, a, sample_description=d) for t, a, d in items]
     else:
-        scored = score_in_process(reward_func_path, items, timeout_s)
+        scored = score_in_process(reward_func_path, items, limit)
     rewards = np.zeros((num_prompts, n))
     parts: dict[str, np.ndarray] = {}
     for i, scores in enumerate(scored):

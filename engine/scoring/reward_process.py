@@ -6,14 +6,17 @@ main thread (a Ray actor's method may not run there) and cannot interrupt C code
 the GIL (a catastrophic regular expression); a child process can always be killed. ES at
 Scale (VsonicV/es-at-scale, es_at_scale/trainer/es_trainer.py) runs rewards in a
 `multiprocessing.Pool` for the same reason, but scores a timed-out completion 0 and goes on,
-with the hung worker still occupying the pool; ES Lab stops the run instead, naming the
-function and the sample, as it does for every other reward failure (engine/rewards).
+with the hung worker still occupying the pool. ES Lab stops the run by default, naming the
+function and the sample, as it does for every other reward failure (engine/rewards);
+`reward_timeout_action: score_zero` scores it 0 as the reference does, and the child that hung
+is killed and replaced, so it never holds a worker.
 
 The child is one long-lived `python -m engine.scoring.reward_process` per process that
 scores (started at the first batch, restarted after a timeout): a plain subprocess rather
 than `multiprocessing`, whose spawn re-imports the parent's `__main__` (a Ray worker's or
-`jobs.worker`'s). A batch travels as one pickled frame each way over pipes, so the cost per
-step is a round trip per member, not per completion. The child marks the sample it is on and
+`jobs.worker`'s). A batch travels to the child as one pickled frame and each completion's
+scores come back as one as soon as they are computed, so the scores before a completion that
+hangs are kept when the child is killed. The child marks the sample it is on and
 when it started in a small shared file (16 bytes, mmap), which the parent reads while it
 waits: the timeout is per completion, as in the reference, and its message names the sample.
 """
@@ -21,6 +24,7 @@ waits: the timeout is per completion, as in the reference, and its message names
 from __future__ import annotations
 
 import atexit
+import logging
 import math
 import mmap
 import os
@@ -34,6 +38,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import IO, Any
 
 from engine.rewards import RewardError, load_reward_function, score_completion
@@ -47,8 +52,28 @@ Item = tuple[str, Mapping[str, Any], str]
 """(completion text, reward_func_args, description of the sample for messages)."""
 
 
+TIMEOUT_ACTIONS = ("stop", "score_zero")
+
+log = logging.getLogger(__name__)
+
+
 class RewardTimeout(RewardError):
     """A reward function ran longer than reward_timeout_seconds on one completion."""
+
+
+@dataclass(frozen=True)
+class RewardLimit:
+    """`reward_timeout_seconds` and `reward_timeout_action`: how long one completion's reward
+    may take, and whether one that takes longer stops the run or scores 0."""
+
+    seconds: float
+    action: str = "stop"
+
+    def __post_init__(self) -> None:
+        if not (self.seconds > 0 and math.isfinite(self.seconds)):
+            raise ValueError(f"the time limit must be a finite number above 0, got {self.seconds}")
+        if self.action not in TIMEOUT_ACTIONS:
+            raise ValueError(f"the timeout action must be one of {TIMEOUT_ACTIONS}")
 
 
 class RewardProcess:
@@ -63,6 +88,7 @@ class RewardProcess:
             [sys.executable, "-m", "engine.scoring.reward_process", str(self._mark_file.fileno())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            bufsize=0,  # unbuffered replies: select() sees every frame the child has sent
             env=env,
             pass_fds=(self._mark_file.fileno(),),
         )
@@ -71,29 +97,30 @@ class RewardProcess:
     def alive(self) -> bool:
         return self._proc.poll() is None
 
-    def score(self, path: str, items: Sequence[Item], timeout_s: float) -> list[dict[str, float]]:
-        """The parts of each item as engine.rewards.score_completion returns them.
+    def score(
+        self, path: str, items: Sequence[Item], timeout_s: float, scores: list[dict[str, float]]
+    ) -> None:
+        """Append to `scores` the parts of each item as engine.rewards.score_completion
+        returns them, as they arrive.
 
         Raises RewardError as score_completion does (the child's message), RewardTimeout
-        when one completion takes longer than `timeout_s` (the child is then killed), and
-        RewardError when the child dies."""
+        when one completion takes longer than `timeout_s` (the child is then killed, and
+        `scores` holds those of the items before it), and RewardError when the child dies."""
         assert self._proc.stdin is not None and self._proc.stdout is not None
         _write_frame(self._proc.stdin, (path, list(items)))
-        kind, payload = self._wait(path, items, timeout_s)
-        if kind == "error":
-            raise RewardError(payload)
-        return payload
-
-    def _wait(self, path: str, items: Sequence[Item], timeout_s: float) -> tuple[str, Any]:
         stdout = self._proc.stdout
-        assert stdout is not None
         poll_s = min(_POLL_S, timeout_s / 4)
         while True:
             ready, _, _ = select.select([stdout], [], [], poll_s)
-            if ready:
-                reply = _read_frame(stdout)
-                if reply is not None:
-                    return reply
+            reply = _read_frame(stdout) if ready else None
+            if reply is not None:
+                kind, payload = reply
+                if kind == "done":
+                    return
+                if kind == "error":
+                    raise RewardError(payload)
+                scores.append(payload)
+                continue
             if not self.alive or ready:
                 code = self._proc.wait()
                 raise RewardError(
@@ -102,11 +129,14 @@ class RewardProcess:
                 )
             index, started = _MARK.unpack(self._mark)
             if started and time.monotonic() - started > timeout_s:
+                self._proc.kill()
+                scores.extend(payload for kind, payload in _frames(stdout) if kind == "score")
                 self.close()
                 raise RewardTimeout(
                     f"reward function {path} ran longer than reward_timeout_seconds "
                     f"({timeout_s:g} s) on {_where(items, index)}: the run is stopped "
-                    "rather than scoring it 0; fix the function or raise reward_timeout_seconds"
+                    "rather than scoring it 0; fix the function, raise reward_timeout_seconds, "
+                    "or set reward_timeout_action to score_zero as ES at Scale does"
                 )
 
     def _current(self) -> int:
@@ -135,18 +165,44 @@ _process: RewardProcess | None = None
 _lock = threading.Lock()
 
 
-def score_in_process(path: str, items: Sequence[Item], timeout_s: float) -> list[dict[str, float]]:
+def score_in_process(
+    path: str, items: Sequence[Item], limit: RewardLimit
+) -> list[dict[str, float]]:
     """Score `items` in this process's reward child (started, or restarted after a timeout
-    or a crash, as needed); callers may be on any thread, one batch at a time."""
-    global _process
-    if not (timeout_s > 0 and math.isfinite(timeout_s)):
-        raise ValueError(f"timeout_s must be a finite number above 0, got {timeout_s!r}")
+    or a crash, as needed); callers may be on any thread, one batch at a time. With
+    limit.action score_zero a completion past the limit scores {"reward": 0.0} (its other
+    parts unknown) and the rest of the batch goes to a fresh child."""
+    scores: list[dict[str, float]] = []
+    zeroed = 0
     with _lock:
-        if _process is None or not _process.alive:
-            if _process is not None:
-                _process.close()
-            _process = RewardProcess()
-        return _process.score(path, items, timeout_s)
+        while len(scores) < len(items):
+            try:
+                _running().score(path, items[len(scores) :], limit.seconds, scores)
+            except RewardTimeout:
+                if limit.action != "score_zero":
+                    raise
+                scores.append({"reward": 0.0})
+                zeroed += 1
+    if zeroed:
+        log.warning(
+            "reward function %s ran longer than reward_timeout_seconds (%g s) on %d of %d "
+            "completions, which score 0 (reward_timeout_action score_zero)",
+            path,
+            limit.seconds,
+            zeroed,
+            len(items),
+        )
+    return scores
+
+
+def _running() -> RewardProcess:
+    """This process's reward child, started anew when there is none alive."""
+    global _process
+    if _process is None or not _process.alive:
+        if _process is not None:
+            _process.close()
+        _process = RewardProcess()
+    return _process
 
 
 @atexit.register
@@ -165,19 +221,39 @@ def _write_frame(stream: IO[bytes], value: Any) -> None:
 
 
 def _read_frame(stream: IO[bytes]) -> Any | None:
-    """The next frame, or None at the end of the stream."""
-    header = stream.read(_HEADER.size)
-    if len(header) < _HEADER.size:
+    """The next frame, or None at the end of the stream (or of a frame cut short)."""
+    header = _read_exactly(stream, _HEADER.size)
+    if header is None:
         return None
-    data = stream.read(_HEADER.unpack(header)[0])
-    return pickle.loads(data)
+    data = _read_exactly(stream, _HEADER.unpack(header)[0])
+    return None if data is None else pickle.loads(data)
+
+
+def _frames(stream: IO[bytes]) -> list[Any]:
+    """The whole frames left in `stream` once its writer has ended."""
+    frames = []
+    while (frame := _read_frame(stream)) is not None:
+        frames.append(frame)
+    return frames
+
+
+def _read_exactly(stream: IO[bytes], size: int) -> bytes | None:
+    """`size` bytes: an unbuffered pipe returns what has arrived, which may be less."""
+    data = b""
+    while len(data) < size:
+        chunk = stream.read(size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
 
 
 # -- the child ------------------------------------------------------------------------------------
 
 
 def _serve(mark_fd: int) -> None:
-    """Answer (path, items) frames with ("scores", [...]) or ("error", message) until stdin
+    """Answer each (path, items) frame with a ("score", parts) frame per item as it is
+    scored, then ("done", None), or ("error", message) where the batch stops; until stdin
     closes. What reward functions print goes to stderr: stdout carries the frames.
 
     The child ignores SIGINT and SIGTERM, which reach it with its parent's process group (a
@@ -193,11 +269,11 @@ def _serve(mark_fd: int) -> None:
         path, items = request
         try:
             func = load_reward_function(path)
-            scores = []
             for index, (text, args, description) in enumerate(items):
                 _MARK.pack_into(mark, 0, index, time.monotonic())
-                scores.append(score_completion(func, text, args, sample_description=description))
-            reply: tuple[str, Any] = ("scores", scores)
+                parts = score_completion(func, text, args, sample_description=description)
+                _write_frame(replies, ("score", parts))
+            reply: tuple[str, Any] = ("done", None)
         except RewardError as exc:
             reply = ("error", str(exc))
         _MARK.pack_into(mark, 0, -1, 0.0)

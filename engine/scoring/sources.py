@@ -26,6 +26,7 @@ from engine.scoring.members import (
     member_name,
     parse_members,
 )
+from engine.scoring.reward_process import RewardLimit
 
 if TYPE_CHECKING:
     from engine.backends.base import Completion
@@ -56,7 +57,7 @@ class RewardSources:
     scorer_batch_size: int = 16
     scorer_timeout_s: float = 60.0
     scorer_retries: int = 2
-    reward_timeout_s: float | None = None  # for the reward functions (reward_timeout_seconds)
+    reward_limit: RewardLimit | None = None  # for the reward functions (None: no limit)
     ensemble_ddof: int = TRAINING_DDOF
     """uwo's variance: training keeps the reference's PPO form; best-of-n passes BON_DDOF."""
 
@@ -77,7 +78,7 @@ class RewardSources:
             scorer_batch_size=a.scorer_batch_size,
             scorer_timeout_s=a.scorer_timeout_s,
             scorer_retries=a.scorer_retries,
-            reward_timeout_s=config.reward.reward_timeout_seconds,
+            reward_limit=config.reward.limit(),
         )
 
     def client(self, url: str) -> ScorerClient:
@@ -107,7 +108,7 @@ class RewardSources:
             scorer_rewards, costs = self.client(self.scorer_url).score(context, texts)
 
         def by_function(path: str) -> ScoredBatch:
-            return score_batch(outputs, reward_func_args, path, description, self.reward_timeout_s)
+            return score_batch(outputs, reward_func_args, path, description, self.reward_limit)
 
         parts: dict[str, np.ndarray] = {}
         if self.reward_source == "function":

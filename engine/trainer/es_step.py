@@ -130,7 +130,7 @@ def generate_task(
         sampling=sampling,
         description=description,
         sources=RewardSources.from_config(config),
-        reward_timeout_s=config.reward.reward_timeout_seconds,
+        reward_limit=config.reward.limit(),
     )
 
 

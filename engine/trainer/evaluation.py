@@ -40,7 +40,7 @@ def evaluate(
         ),
         description=f"evaluation at step {step}",
         sources=RewardSources.from_config(config),
-        reward_timeout_s=config.reward.reward_timeout_seconds,
+        reward_limit=config.reward.limit(),
     )
     result = task(pool)
     runtime = time.perf_counter() - start

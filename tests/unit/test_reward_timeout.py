@@ -8,6 +8,7 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
 
 from engine.backends.base import Completion
@@ -15,7 +16,7 @@ from engine.config import ConfigError, RunConfig
 from engine.rewards import RewardError
 from engine.scoring import reward_process
 from engine.scoring.batch import score_batch
-from engine.scoring.reward_process import RewardTimeout
+from engine.scoring.reward_process import RewardLimit, RewardTimeout
 
 HERE = __name__
 
@@ -55,7 +56,7 @@ def test_a_hanging_reward_stops_with_the_sample_named_and_the_child_killed():
             [{}, {}],
             f"{HERE}.spin",
             "step 3, member 1",
-            timeout_s=0.5,
+            limit=RewardLimit(0.5),
         )
     assert time.monotonic() - started < 5
     message = str(info.value)
@@ -67,10 +68,12 @@ def test_a_hanging_reward_stops_with_the_sample_named_and_the_child_killed():
 
 def test_scores_match_the_in_process_path_and_a_fresh_child_follows_a_timeout():
     with pytest.raises(RewardTimeout):
-        score_batch(completions("hang"), [{"seconds": 30}], f"{HERE}.sleepy", "d", timeout_s=0.3)
+        score_batch(
+            completions("hang"), [{"seconds": 30}], f"{HERE}.sleepy", "d", limit=RewardLimit(0.3)
+        )
     outputs = completions("a", "bbb", "hang")
     args = [{"seconds": 0.0}] * 3
-    timed = score_batch(outputs, args, f"{HERE}.sleepy", "d", timeout_s=5)
+    timed = score_batch(outputs, args, f"{HERE}.sleepy", "d", limit=RewardLimit(5))
     plain = score_batch(outputs, args, f"{HERE}.sleepy", "d")
     assert timed.rewards.tolist() == plain.rewards.tolist() == [[1.0], [3.0], [4.0]]
     assert timed.parts["format"].tolist() == plain.parts["format"].tolist()
@@ -78,22 +81,59 @@ def test_scores_match_the_in_process_path_and_a_fresh_child_follows_a_timeout():
 
 def test_a_failing_reward_keeps_its_message_and_a_dying_one_is_named():
     with pytest.raises(RewardError, match=r"broken raised ValueError: bad input on d, prompt 0"):
-        score_batch(completions("x"), [{}], f"{HERE}.broken", "d", timeout_s=5)
+        score_batch(completions("x"), [{}], f"{HERE}.broken", "d", limit=RewardLimit(5))
     with pytest.raises(RewardError, match=r"exited with code 3 while scoring d, prompt 0"):
-        score_batch(completions("x"), [{}], f"{HERE}.crash", "d", timeout_s=5)
-    assert score_batch(completions("x"), [{}], f"{HERE}.spin", "d", timeout_s=5).fitness == 1.0
+        score_batch(completions("x"), [{}], f"{HERE}.crash", "d", limit=RewardLimit(5))
+    assert (
+        score_batch(completions("x"), [{}], f"{HERE}.spin", "d", limit=RewardLimit(5)).fitness
+        == 1.0
+    )
 
 
 def test_the_child_outlives_the_signals_that_ask_the_trainer_to_stop():
-    assert score_batch(completions("x"), [{}], f"{HERE}.spin", "d", timeout_s=5).fitness == 1.0
+    assert (
+        score_batch(completions("x"), [{}], f"{HERE}.spin", "d", limit=RewardLimit(5)).fitness
+        == 1.0
+    )
     child = reward_process._process
     assert child is not None
     for sig in (signal.SIGINT, signal.SIGTERM):  # a Ctrl-C, Ray's stop_job: the trainer's
         os.kill(child._proc.pid, sig)
     time.sleep(0.2)
     assert child.alive
-    assert score_batch(completions("x"), [{}], f"{HERE}.spin", "d", timeout_s=5).fitness == 1.0
+    assert (
+        score_batch(completions("x"), [{}], f"{HERE}.spin", "d", limit=RewardLimit(5)).fitness
+        == 1.0
+    )
     assert reward_process._process is child
+
+
+def test_score_zero_scores_each_hanging_completion_0_and_keeps_every_other_score():
+    """ES at Scale's choice: a completion past the limit scores 0 and the batch goes on; the
+    scores before it survive the child that hung, and a fresh child scores the rest."""
+    outputs = completions("a", "hang", "bbb", "hang", "cc")
+    args = [{"seconds": 30.0}] * 5
+    started = time.monotonic()
+    batch = score_batch(outputs, args, f"{HERE}.sleepy", "d", RewardLimit(0.3, "score_zero"))
+    assert time.monotonic() - started < 10  # two limits and two fresh children, not 60 s
+    assert batch.rewards.reshape(-1).tolist() == [1.0, 0.0, 3.0, 0.0, 2.0]
+    formats = batch.parts["format"].reshape(-1)
+    assert formats[[0, 2, 4]].tolist() == [0.5] * 3 and np.isnan(formats[[1, 3]]).all()
+    assert reward_process._process is not None and reward_process._process.alive
+
+
+def test_the_timeout_action_is_an_option_of_two_values(tmp_path):
+    base = {
+        "train_file": "t.parquet",
+        "output_dir": str(tmp_path / "out"),
+        "reward_func_path": "engine.rewards.countdown.compute_score",
+    }
+    assert RunConfig.from_flat(base).reward.limit() == RewardLimit(10.0, "stop")
+    zero = RunConfig.from_flat({**base, "reward_timeout_action": "score_zero"})
+    assert zero.reward.limit() == RewardLimit(10.0, "score_zero")
+    assert RunConfig.from_flat({**base, "reward_timeout_seconds": None}).reward.limit() is None
+    with pytest.raises(ConfigError, match="reward_timeout_action must be one of stop, score_zero"):
+        RunConfig.from_flat({**base, "reward_timeout_action": "zero"})
 
 
 def test_the_option_defaults_to_the_reference_and_refuses_bad_values(tmp_path):
