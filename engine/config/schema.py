@@ -33,6 +33,9 @@ from engine.scoring.reward_process import TIMEOUT_ACTIONS, RewardLimit
 
 STRATEGIES = ("no", "steps", "epoch")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
+LOAD_FORMATS = ("auto", "safetensors", "pt", "npcache", "sharded_state", "mistral", "dummy")
+"""vLLM's weight loaders that need nothing beyond ES Lab's packages and no settings of their
+own (tensorizer needs its config, runai_streamer and fastsafetensors their packages)."""
 SCHEDULE_TYPES = tuple(SCHEDULES)
 SHAPER_NAMES = tuple(SHAPERS)
 LEARNING_RATE_RULES = ("fixed", "es_at_scale")
@@ -98,11 +101,36 @@ class ModelConfig:
         label="Sequences at once",
         min_value=1,
     )
+    max_num_batched_tokens: int | None = option(
+        None,
+        "Most tokens an engine processes in one scheduler step (prompt chunks and decoded "
+        "tokens together); None takes vLLM's default (nlp-waseda/lbes's flag).",
+        label="Tokens a step",
+        min_value=1,
+    )
+    load_format: str = option(
+        "auto",
+        "How vLLM reads the model's weights (nlp-waseda/lbes's flag): auto takes "
+        "safetensors, else PyTorch .bin files; dummy starts from random weights (for "
+        "benchmarks only: the run then trains and saves those).",
+        label="Weight loader",
+        choices=LOAD_FORMATS,
+    )
     enforce_eager: bool = option(
         False,
         "Disable CUDA graphs / compilation: slower decoding, faster start-up.",
         label="Eager mode (no CUDA graphs)",
     )
+
+    def vllm_flags(self) -> dict[str, Any]:
+        """The engine flags this group passes to vLLM as they are, where they differ from
+        vLLM's defaults."""
+        flags: dict[str, Any] = {}
+        if self.load_format != "auto":
+            flags["load_format"] = self.load_format
+        if self.max_num_batched_tokens is not None:
+            flags["max_num_batched_tokens"] = self.max_num_batched_tokens
+        return flags
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,10 @@ def start_pool(config: RunConfig) -> EnginePool:
         # False leaves the platform's choice (eager on the CPU, CUDA graphs on a GPU).
         enforce_eager=True if m.enforce_eager else None,
         seed=config.data.seed,
-        extra_llm_args=engine_args(config) if config.lora.perturbation == "lora" else None,
+        extra_llm_args={
+            **m.vllm_flags(),
+            **(engine_args(config) if config.lora.perturbation == "lora" else {}),
+        },
         lora_kernels=config.lora.lora_kernels,
     )
 
