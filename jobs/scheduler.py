@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import psutil
 from sqlalchemy.engine import make_url
 
 from engine.backends.vllm.cpu.resources import RUNS_SHARING_SETTING
@@ -116,6 +117,15 @@ class SchedulerSettings:
 def default_owner() -> str:
     """Who holds the lock, in words a person can trace: host, process, and a nonce."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def owner_is_gone(owner: str) -> bool:
+    """Whether the lock holder `owner` (default_owner's words) was a process of this machine
+    that no longer exists: killed without releasing the lock. A pid given since to another
+    process reads as alive, and the lock is then waited for as before."""
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    return host == socket.gethostname() and pid.isdigit() and not psutil.pid_exists(int(pid))
 
 
 def lock_holder_message(store: Store) -> str:

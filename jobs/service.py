@@ -27,7 +27,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from engine.backends.ray_auth import LOOPBACK_ONLY_SETTING, refuse_open_cluster, require_token_mode
+from engine.backends.ray_auth import (
+    LOOPBACK_ONLY_SETTING,
+    RayAuthError,
+    refuse_open_cluster,
+    require_token_mode,
+)
 from engine.config.urls import url_problem
 from engine.data.uploads import FORM_UPLOAD_MB
 from jobs.private_files import read_private, remove_private, write_private
@@ -38,6 +43,17 @@ from jobs.scheduler import (
     SchedulerSettings,
     default_owner,
     lock_holder_message,
+    owner_is_gone,
+)
+from jobs.serve_leftovers import (
+    Head,
+    NoteKeeper,
+    ServeNote,
+    head_process,
+    read_note,
+    serve_alive,
+    stop_dashboard,
+    stop_head,
 )
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
@@ -72,6 +88,7 @@ def serve(
         # long enough for Ray to start, then renewed by every tick.
         owner = default_owner()
         lease = settings.lock_lease_seconds + RAY_START_TIMEOUT_S
+        _take_over_a_dead_serves_lock(store)
         if not store.acquire_lock(LOCK_NAME, owner, lease):
             print(
                 f"eslab serve: {lock_holder_message(store)}; this one serves the "
@@ -79,8 +96,14 @@ def serve(
                 flush=True,
             )
             return run_dashboard(host, port)
+        notes = NoteKeeper(store.engine.url.render_as_string(hide_password=True), os.getpid())
+        leftover = _leftover_of_a_killed_serve(notes.database)
         try:
-            with ray_cluster(token_auth=ray_token) as (address, owned):
+            with ray_cluster(
+                token_auth=ray_token,
+                leftover_head=leftover.head if leftover else None,
+                notes=notes,
+            ) as (address, owned):
                 jobs = RayJobs(address)
                 scheduler = Scheduler(store, jobs, settings, owner=owner)
                 scheduler.start()  # renews the lock taken above
@@ -90,7 +113,7 @@ def serve(
                     flush=True,
                 )
                 try:
-                    return run_dashboard(host, port)
+                    return run_dashboard(host, port, notes)
                 finally:
                     scheduler.shutdown()
                     if owned:
@@ -102,9 +125,38 @@ def serve(
                             flush=True,
                         )
         finally:
+            notes.forget()
             store.release_lock(LOCK_NAME, owner)
     finally:
         store.close()
+
+
+def _take_over_a_dead_serves_lock(store: Store) -> None:
+    """A serve killed outright keeps the scheduler lock until its lease ends; a successor on
+    the same machine takes it over at once instead of serving without a scheduler."""
+    holder = store.lock_holder(LOCK_NAME)
+    if holder is not None and owner_is_gone(holder.owner):
+        store.release_lock(LOCK_NAME, holder.owner)
+        print(
+            f"eslab serve: took over the scheduler lock of {holder.owner}, a process of this "
+            "machine that was stopped without releasing it",
+            flush=True,
+        )
+
+
+def _leftover_of_a_killed_serve(database: str) -> ServeNote | None:
+    """The note of an earlier serve on this database that was killed without its cleanup,
+    with its dashboard, which still holds the port, stopped; None when there is none."""
+    note = read_note(database)
+    if note is None or serve_alive(note):
+        return None
+    if stop_dashboard(note, str(DASHBOARD_APP)):
+        print(
+            f"eslab serve: stopped the dashboard (pid {note.dashboard_pid}) of an earlier "
+            f"eslab serve (pid {note.serve_pid}) that was killed",
+            flush=True,
+        )
+    return note
 
 
 def _stop_on_termination_signals() -> None:
@@ -129,6 +181,8 @@ def ray_cluster(
     object_store_bytes: int | None = None,
     *,
     token_auth: bool = True,
+    leftover_head: Head | None = None,
+    notes: NoteKeeper | None = None,
 ) -> Iterator[tuple[str, bool]]:
     """(address, owned): RAY_ADDRESS when set, else a local head that this context starts
     and stops (with `num_cpus`, default ESLAB_RAY_NUM_CPUS or all, and an object store of
@@ -140,13 +194,25 @@ def ray_cluster(
     /tmp/ray/ray_current_cluster, which a private temp dir leaves alone). It is a
     single-machine node, every one of its servers bound to 127.0.0.1, and with `token_auth`
     (engine.backends.ray_auth) each of them refuses a request without this user's token; so does a
-    RAY_ADDRESS cluster, or ES Lab refuses to use it."""
+    RAY_ADDRESS cluster, or ES Lab refuses to use it.
+
+    `leftover_head`, the head of a serve that was killed (jobs.serve_leftovers), is adopted
+    when it answers, so its runs go on, and stopped otherwise; `notes` records the head in
+    use for a successor."""
     if token_auth:
         require_token_mode()
     if os.environ.get("RAY_ADDRESS"):
         if token_auth:
             refuse_open_cluster(os.environ["RAY_ADDRESS"])
         yield os.environ["RAY_ADDRESS"], False
+        return
+    if leftover_head is not None and _adopt(leftover_head, token_auth):
+        if notes is not None:
+            notes.record(head=leftover_head)
+        try:
+            yield leftover_head.address, True
+        finally:
+            stop_head(leftover_head)
         return
     temp_dir = tempfile.mkdtemp(prefix="eslab-ray-")
     log = open(os.path.join(temp_dir, "ray-start.log"), "w")  # noqa: SIM115 - closed below
@@ -163,6 +229,8 @@ def ray_cluster(
                 env={**os.environ, LOOPBACK_ONLY_SETTING: "0"},
             )
             address = f"http://127.0.0.1:{dashboard_port}"
+            if notes is not None:
+                notes.record(head=Head(head.pid, temp_dir, address))
             _wait_until_up(head, address, log.name)
         if token_auth:
             refuse_open_cluster(address)
@@ -173,6 +241,32 @@ def ray_cluster(
             _terminate(head, timeout=60)  # `ray start --block` stops its processes on SIGTERM
         log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _adopt(head: Head, token_auth: bool) -> bool:
+    """Whether the head of a killed serve still runs and answers, to be used again; one that
+    does not is stopped, with every process of it."""
+    if head_process(head) is not None:
+        try:
+            RayJobs(head.address).client  # noqa: B018 - connecting is the test
+            if token_auth:
+                refuse_open_cluster(head.address)
+            print(
+                f"eslab serve: the Ray head of an earlier eslab serve that was killed still "
+                f"runs (pid {head.pid}, {head.address}): using it, its runs go on",
+                flush=True,
+            )
+            return True
+        except (RayUnavailableError, RayAuthError):
+            pass
+    if stopped := stop_head(head):
+        print(
+            f"eslab serve: stopped {stopped} process(es) left of the Ray head of an earlier "
+            f"eslab serve that was killed (pid {head.pid}); the runs it held fail, and "
+            "`eslab resume` continues them from their last checkpoint",
+            flush=True,
+        )
+    return False
 
 
 def _head_command(
@@ -336,12 +430,14 @@ def trusted_proxies() -> list[str]:
     return [e for e in entries if e]
 
 
-def run_dashboard(host: str, port: int) -> int:
+def run_dashboard(host: str, port: int, notes: NoteKeeper | None = None) -> int:
     """Streamlit in the foreground until it exits or Ctrl-C; its address recorded meanwhile
-    for `eslab submit`."""
+    for `eslab submit`, and its process in `notes`."""
     print(f"ES Lab dashboard on http://{host}:{port} (Ctrl-C stops it)", flush=True)
     with recorded_dashboard(dashboard_address(host, port)):
         dashboard = subprocess.Popen(dashboard_command(host, port), env=dashboard_env())
+        if notes is not None:
+            notes.record(dashboard_pid=dashboard.pid)
         try:
             return dashboard.wait()
         except KeyboardInterrupt:

@@ -32,8 +32,8 @@ class Serve:
     """`eslab serve` in a session of its own, so the test can Ctrl-C it like a terminal
     does: SIGINT to its whole process group."""
 
-    def __init__(self, sqlite_url: str, home: Path | None = None) -> None:
-        self.port = free_port()
+    def __init__(self, sqlite_url: str, home: Path | None = None, port: int | None = None) -> None:
+        self.port = port or free_port()
         env = {
             **os.environ,
             **({"HOME": str(home)} if home else {}),
@@ -127,6 +127,65 @@ def test_serve_schedules_refuses_a_second_scheduler_and_stops_cleanly(
         first.kill()
         if second is not None:
             second.kill()
+
+
+def test_a_serve_killed_outright_leaves_its_successor_its_head_port_and_lock(
+    sqlite_store, sqlite_url, tmp_path
+):
+    """SIGKILL runs no cleanup: the head (with the run's job), the dashboard on its port and
+    the scheduler lock outlive the serve. The next serve on the database takes the lock at
+    once, stops the old dashboard to serve on the same port, and adopts the head: the run
+    goes on and succeeds with every step recorded once. Then nothing of either is left."""
+    from engine import metrics as mk
+    from jobs.serve_leftovers import read_note, stop_head
+
+    run = queue_run(sqlite_store, tmp_path / "out", max_steps=40, save_steps=1000)
+    database = sqlite_store.engine.url.render_as_string(hide_password=True)
+    first = Serve(sqlite_url)
+    second = None
+    note = None
+    try:
+        wait_for(first.dashboard_answers, 90, "the dashboard")
+        wait_for(lambda: sqlite_store.get_run(run.id).step >= 2, 60, "the run to make steps")
+        note = read_note(database)
+        assert note is not None and note.head is not None and note.dashboard_pid is not None
+        first.process.kill()  # SIGKILL to serve alone, as the OOM killer sends it
+        first.process.wait(10)
+        assert psutil.pid_exists(note.head.pid) and psutil.pid_exists(note.dashboard_pid)
+        assert sqlite_store.lock_holder("scheduler") is not None
+
+        second = Serve(sqlite_url, port=first.port)
+        wait_for(lambda: second.said("ES Lab dashboard on"), 90, "the second serve")
+        wait_for(second.dashboard_answers, 60, "the second dashboard")  # the old one is gone
+        assert second.said("took over the scheduler lock of"), "\n".join(second.lines)
+        assert second.said(f"stopped the dashboard (pid {note.dashboard_pid})")
+        assert second.said(f"still runs (pid {note.head.pid}, {note.head.address}): using it")
+        assert not second.said("Ray dashboard on")  # no second head beside the first
+        done = wait_for(
+            lambda: (r := sqlite_store.get_run(run.id)).status.is_terminal() and r,
+            120,
+            "the run to end",
+        )
+        assert done.status is RunStatus.SUCCEEDED, done.error
+        steps = [p.step for p in sqlite_store.metric_series(run.id, mk.NOISE_STD)]
+        assert steps == list(range(1, 41))
+        assert second.ctrl_c(timeout=60) == 0, "\n".join(second.lines)
+        assert not ray_processes_of(note.head.temp_dir)
+        assert read_note(database) is None
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+        if note is not None and note.head is not None:
+            stop_head(note.head)
+
+
+def ray_processes_of(temp_dir: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if any(temp_dir in part for part in process.info.get("cmdline") or []):
+            found.append(process)
+    return found
 
 
 def assert_ray_asks_for_the_token(ray_url: str, token: str) -> None:
