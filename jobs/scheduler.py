@@ -182,9 +182,13 @@ class Scheduler:
         entrypoint: Callable[[RunRecord], str] = worker_entrypoint,
         job_env: Mapping[str, str] | None = None,
         owner: str | None = None,
+        revive: Callable[[], str | None] | None = None,
     ) -> None:
+        """`revive`, called at every tick, starts the serve's own Ray head again when it has
+        stopped and returns the new head's address (jobs.ray_head.Cluster.revive)."""
         self.store = store
         self.ray_jobs = ray_jobs
+        self.revive = revive
         self.settings = settings or SchedulerSettings.from_env()
         self.entrypoint = entrypoint
         self.extra_env = dict(job_env or {})
@@ -242,10 +246,12 @@ class Scheduler:
     # -- one pass -----------------------------------------------------------------------
 
     def tick(self) -> None:
-        """One pass: stop silent workers, lock, sync, sweeps, submit. Never raises: a
-        failing tick is logged and the next one tries again (APScheduler would only log it
-        less clearly)."""
+        """One pass: a new Ray head if ours stopped, stop silent workers, lock, sync, sweeps,
+        submit. Never raises: a failing tick is logged and the next one tries again
+        (APScheduler would only log it less clearly)."""
         try:
+            if self.revive is not None and (address := self.revive()) is not None:
+                self.ray_jobs = RayJobs(address)
             if self._holds_lock:
                 self._stop_silent_workers()
             self._holds_lock = self._renew_lock()

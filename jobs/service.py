@@ -2,9 +2,9 @@
 them in the reverse order.
 
 Ray: with RAY_ADDRESS set, the existing cluster (its runs keep running when ES Lab stops);
-otherwise a local head with its dashboard (`ray start --head --block`), in a session of its
-own so that a Ctrl-C in the terminal reaches ES Lab only: ES Lab then stops the runs' jobs
-(each saves a checkpoint and ends cancelled, ready for `eslab resume`) before the head goes.
+otherwise a local head with its dashboard (jobs.ray_head), in a session of its own so that a
+Ctrl-C in the terminal reaches ES Lab only: ES Lab then stops the runs' jobs (each saves a
+checkpoint and ends cancelled, ready for `eslab resume`) before the head goes.
 The service process itself is not a Ray driver; it talks to Ray over HTTP only.
 
 Only one scheduler runs per database (jobs.scheduler's lock): a second `eslab serve` on the
@@ -13,29 +13,20 @@ same database says so and serves the dashboard alone.
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from engine.backends.ray_auth import (
-    LOOPBACK_ONLY_SETTING,
-    RayAuthError,
-    refuse_open_cluster,
-    require_token_mode,
-)
 from engine.config.urls import url_problem
 from engine.data.uploads import FORM_UPLOAD_MB
 from jobs.private_files import read_private, remove_private, write_private
+from jobs.ray_head import RAY_START_TIMEOUT_S, ray_cluster, terminate
 from jobs.ray_jobs import RayJobs, RayUnavailableError, SubmitError
 from jobs.scheduler import (
     LOCK_NAME,
@@ -45,32 +36,16 @@ from jobs.scheduler import (
     lock_holder_message,
     owner_is_gone,
 )
-from jobs.serve_leftovers import (
-    Head,
-    NoteKeeper,
-    ServeNote,
-    head_process,
-    read_note,
-    serve_alive,
-    stop_dashboard,
-    stop_head,
-)
+from jobs.serve_leftovers import NoteKeeper, ServeNote, read_note, serve_alive, stop_dashboard
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
 from jobs.uploads import clean_uploads
 
-RAY_START_TIMEOUT_S = 120.0
-RAY_DASHBOARD_PORT = 8265
-"""Ray's own default, for a local head: taken when free, else any free port."""
 DASHBOARD_FILE = "dashboard-url"
 """In the private folder (jobs.private_files): the address of the serving dashboard."""
 DASHBOARD_APP = Path(__file__).resolve().parents[1] / "app" / "server.py"
 """app/main.py served with the dataset upload route beside it (app/upload_route.py)."""
 TRUSTED_PROXIES_SETTING = "ESLAB_TRUSTED_PROXIES"
-
-
-class ServiceError(Exception):
-    """Something `eslab serve` needs could not start; the message says what to do."""
 
 
 def serve(
@@ -103,21 +78,24 @@ def serve(
                 token_auth=ray_token,
                 leftover_head=leftover.head if leftover else None,
                 notes=notes,
-            ) as (address, owned):
-                jobs = RayJobs(address)
-                scheduler = Scheduler(store, jobs, settings, owner=owner)
+            ) as cluster:
+                scheduler = Scheduler(
+                    store, RayJobs(cluster.address), settings, owner=owner, revive=cluster.revive
+                )
                 scheduler.start()  # renews the lock taken above
                 print(
                     f"scheduler: up to {settings.max_concurrent_runs} run(s) at once on "
-                    f"Ray at {address}",
+                    f"Ray at {cluster.address}",
                     flush=True,
                 )
                 try:
                     return run_dashboard(host, port, notes)
                 finally:
                     scheduler.shutdown()
-                    if owned:
-                        stop_runs_for_shutdown(store, jobs, settings.stop_wait_seconds + 10)
+                    if cluster.owned:
+                        stop_runs_for_shutdown(
+                            store, scheduler.ray_jobs, settings.stop_wait_seconds + 10
+                        )
                     else:
                         print(
                             "runs on the Ray cluster keep running; the next `eslab serve` "
@@ -170,173 +148,6 @@ def _stop_on_termination_signals() -> None:
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupt)
-
-
-# -- Ray --------------------------------------------------------------------------------
-
-
-@contextmanager
-def ray_cluster(
-    num_cpus: int | None = None,
-    object_store_bytes: int | None = None,
-    *,
-    token_auth: bool = True,
-    leftover_head: Head | None = None,
-    notes: NoteKeeper | None = None,
-) -> Iterator[tuple[str, bool]]:
-    """(address, owned): RAY_ADDRESS when set, else a local head that this context starts
-    and stops (with `num_cpus`, default ESLAB_RAY_NUM_CPUS or all, and an object store of
-    `object_store_bytes`, default Ray's).
-
-    The head is `ray start --head --block` in a session of its own, with free ports and a
-    private temp dir: a second Ray on the machine (a test session, another user's) keeps
-    working, and plain `ray.init()` elsewhere does not attach to ours (it looks for
-    /tmp/ray/ray_current_cluster, which a private temp dir leaves alone). It is a
-    single-machine node, every one of its servers bound to 127.0.0.1, and with `token_auth`
-    (engine.backends.ray_auth) each of them refuses a request without this user's token; so does a
-    RAY_ADDRESS cluster, or ES Lab refuses to use it.
-
-    `leftover_head`, the head of a serve that was killed (jobs.serve_leftovers), is adopted
-    when it answers, so its runs go on, and stopped otherwise; `notes` records the head in
-    use for a successor."""
-    if token_auth:
-        require_token_mode()
-    if os.environ.get("RAY_ADDRESS"):
-        if token_auth:
-            refuse_open_cluster(os.environ["RAY_ADDRESS"])
-        yield os.environ["RAY_ADDRESS"], False
-        return
-    if leftover_head is not None and _adopt(leftover_head, token_auth):
-        if notes is not None:
-            notes.record(head=leftover_head)
-        try:
-            yield leftover_head.address, True
-        finally:
-            stop_head(leftover_head)
-        return
-    temp_dir = tempfile.mkdtemp(prefix="eslab-ray-")
-    log = open(os.path.join(temp_dir, "ray-start.log"), "w")  # noqa: SIM115 - closed below
-    head = None
-    try:
-        with _one_head_start_at_a_time():
-            dashboard_port = _free_port(preferred=RAY_DASHBOARD_PORT)
-            command = _head_command(temp_dir, dashboard_port, num_cpus, object_store_bytes)
-            head = subprocess.Popen(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # out of reach of the terminal's Ctrl-C
-                env={**os.environ, LOOPBACK_ONLY_SETTING: "0"},
-            )
-            address = f"http://127.0.0.1:{dashboard_port}"
-            if notes is not None:
-                notes.record(head=Head(head.pid, temp_dir, address))
-            _wait_until_up(head, address, log.name)
-        if token_auth:
-            refuse_open_cluster(address)
-        print(f"Ray dashboard on {address}", flush=True)
-        yield address, True
-    finally:
-        if head is not None:
-            _terminate(head, timeout=60)  # `ray start --block` stops its processes on SIGTERM
-        log.close()
-        shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def _adopt(head: Head, token_auth: bool) -> bool:
-    """Whether the head of a killed serve still runs and answers, to be used again; one that
-    does not is stopped, with every process of it."""
-    if head_process(head) is not None:
-        try:
-            RayJobs(head.address).client  # noqa: B018 - connecting is the test
-            if token_auth:
-                refuse_open_cluster(head.address)
-            print(
-                f"eslab serve: the Ray head of an earlier eslab serve that was killed still "
-                f"runs (pid {head.pid}, {head.address}): using it, its runs go on",
-                flush=True,
-            )
-            return True
-        except (RayUnavailableError, RayAuthError):
-            pass
-    if stopped := stop_head(head):
-        print(
-            f"eslab serve: stopped {stopped} process(es) left of the Ray head of an earlier "
-            f"eslab serve that was killed (pid {head.pid}); the runs it held fail, and "
-            "`eslab resume` continues them from their last checkpoint",
-            flush=True,
-        )
-    return False
-
-
-def _head_command(
-    temp_dir: str, dashboard_port: int, num_cpus: int | None, object_store_bytes: int | None
-) -> list[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "ray.scripts.scripts",
-        "start",
-        "--head",
-        "--block",
-        f"--temp-dir={temp_dir}",
-        "--port=0",
-        "--dashboard-host=127.0.0.1",
-        f"--dashboard-port={dashboard_port}",
-        f"--dashboard-agent-listen-port={_free_port()}",
-        f"--ray-client-server-port={_free_port()}",
-        "--disable-usage-stats",
-    ]
-    num_cpus = num_cpus or int(os.environ.get("ESLAB_RAY_NUM_CPUS") or 0) or None
-    if num_cpus:
-        command.append(f"--num-cpus={num_cpus}")
-    if object_store_bytes:
-        command.append(f"--object-store-memory={object_store_bytes}")
-    return command
-
-
-@contextmanager
-def _one_head_start_at_a_time() -> Iterator[None]:
-    """Held from choosing the head's ports until its dashboard answers. The ports are free
-    when chosen and bound by Ray seconds later: two heads starting at once on one machine (two
-    serves, test sessions side by side) both chose RAY_DASHBOARD_PORT, and one of them then
-    sent its runs to the other's cluster. This user's head starts take turns; the lock goes
-    with the process."""
-    path = Path(tempfile.gettempdir()) / f"eslab-ray-start-{os.getuid()}.lock"
-    with path.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
-def _wait_until_up(head: subprocess.Popen, address: str, log_path: str) -> None:
-    deadline = time.monotonic() + RAY_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if head.poll() is not None:
-            tail = Path(log_path).read_text()[-2000:]
-            raise ServiceError(
-                f"the local Ray head failed to start (exit code {head.returncode}): {tail}"
-            )
-        try:
-            RayJobs(address).client  # noqa: B018 - connecting is the test
-            return
-        except RayUnavailableError:
-            time.sleep(0.5)
-    raise ServiceError(
-        f"the local Ray head did not answer within {RAY_START_TIMEOUT_S:.0f} "
-        f"s; see {log_path}, or set RAY_ADDRESS to an existing Ray cluster"
-    )
-
-
-def _free_port(preferred: int = 0) -> int:
-    """`preferred` unless taken (e.g. by another Ray), else any free port."""
-    for candidate in dict.fromkeys((preferred, 0)):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", candidate))
-            except OSError:
-                continue
-            return s.getsockname()[1]
-    raise ServiceError("no free TCP port on 127.0.0.1 for Ray")
 
 
 def stop_runs_for_shutdown(store: Store, jobs: RayJobs, wait_seconds: float) -> None:
@@ -443,7 +254,7 @@ def run_dashboard(host: str, port: int, notes: NoteKeeper | None = None) -> int:
         except KeyboardInterrupt:
             return 0
         finally:
-            _terminate(dashboard, timeout=10)
+            terminate(dashboard, timeout=10)
 
 
 def dashboard_address(host: str, port: int) -> str:
@@ -481,13 +292,3 @@ def recorded_dashboard(url: str) -> Iterator[None]:
                 write_private(DASHBOARD_FILE, previous)
             else:
                 remove_private(DASHBOARD_FILE)
-
-
-def _terminate(process: subprocess.Popen, timeout: float) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()

@@ -61,8 +61,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from engine.backends.ray_auth import RayAuthError
     from engine.data.uploads import max_upload_mb
+    from jobs.ray_head import ServiceError
     from jobs.scheduler import SchedulerSettings
-    from jobs.service import ServiceError, serve, trusted_proxies
+    from jobs.service import serve, trusted_proxies
 
     check_ray_address()
     overrides = {}

@@ -227,8 +227,8 @@ def ray_address() -> Iterator[str]:
 
     A file's head, not the session's: an idle head (its dashboard, agent, raylet, GCS) takes
     about 8% of a core, which a session-long head would take from the files after it."""
-    from jobs.service import ray_cluster
+    from jobs.ray_head import ray_cluster
 
     os.environ.pop("RAY_ADDRESS", None)
-    with ray_cluster(num_cpus=2, object_store_bytes=200 * 1024 * 1024) as (address, _owned):
-        yield address
+    with ray_cluster(num_cpus=2, object_store_bytes=200 * 1024 * 1024) as cluster:
+        yield cluster.address

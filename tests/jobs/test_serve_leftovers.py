@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from jobs import serve_leftovers
+from jobs.ray_head import _adopt
 from jobs.scheduler import owner_is_gone
 from jobs.serve_leftovers import Head, ServeNote, forget_note, read_note, stop_head, write_note
-from jobs.service import _adopt
 
 IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
 

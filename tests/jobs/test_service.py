@@ -180,6 +180,50 @@ def test_a_serve_killed_outright_leaves_its_successor_its_head_port_and_lock(
             stop_head(note.head)
 
 
+def test_a_ray_head_that_dies_under_serve_is_replaced_and_its_run_fails_naming_ray(
+    sqlite_store, sqlite_url, tmp_path
+):
+    """Every process of the head killed (as the OOM killer might): the scheduler's next tick
+    starts a new head, the run that trained on the old one fails naming its lost Ray job,
+    and a run queued meanwhile runs on the new head."""
+    from jobs.serve_leftovers import read_note, stop_head
+
+    first = queue_run(sqlite_store, tmp_path / "a", name="a", max_steps=500, save_steps=1000)
+    database = sqlite_store.engine.url.render_as_string(hide_password=True)
+    serve = Serve(sqlite_url)
+    heads = []
+    try:
+        wait_for(serve.dashboard_answers, 90, "the dashboard")
+        wait_for(lambda: sqlite_store.get_run(first.id).step >= 2, 60, "the run to make steps")
+        old = read_note(database).head
+        heads.append(old)
+        for process in ray_processes_of(old.temp_dir):
+            process.kill()
+        later = queue_run(sqlite_store, tmp_path / "b", name="b", max_steps=3)
+        failed = wait_for(
+            lambda: (r := sqlite_store.get_run(first.id)).status.is_terminal() and r,
+            120,
+            "the first run to end",
+        )
+        assert failed.status is RunStatus.FAILED
+        assert "unknown to Ray" in failed.error, failed.error
+        assert serve.said(f"the Ray head at {old.address} stopped; starting a new one")
+        heads.append(read_note(database).head)
+        assert heads[1].temp_dir != old.temp_dir and not ray_processes_of(old.temp_dir)
+        done = wait_for(
+            lambda: (r := sqlite_store.get_run(later.id)).status.is_terminal() and r,
+            120,
+            "the run queued meanwhile to end",
+        )
+        assert done.status is RunStatus.SUCCEEDED, done.error
+        assert serve.ctrl_c(timeout=60) == 0, "\n".join(serve.lines)
+        assert not ray_processes_of(heads[1].temp_dir)
+    finally:
+        serve.kill()
+        for head in heads:
+            stop_head(head)
+
+
 def ray_processes_of(temp_dir: str) -> list[psutil.Process]:
     found = []
     for process in psutil.process_iter(["cmdline"]):
@@ -244,11 +288,11 @@ def test_two_local_heads_started_at_once_each_answer_with_their_own_cluster(monk
     """Two serves (or test sessions) starting a local Ray head at the same moment: both would
     take the free preferred dashboard port, and the second then talked to the first's
     cluster. Each must come up at an address of its own, with its own CPUs."""
-    from jobs import service
+    from jobs import ray_head
     from jobs.ray_jobs import RayJobs
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(service, "RAY_DASHBOARD_PORT", free_port())  # free for both to choose
+    monkeypatch.setattr(ray_head, "RAY_DASHBOARD_PORT", free_port())  # free for both to choose
     both_started, both_read = threading.Barrier(2, timeout=150), threading.Barrier(2, timeout=150)
     seen: dict[int, tuple[str, float]] = {}
     failures: list[BaseException] = []
@@ -256,7 +300,8 @@ def test_two_local_heads_started_at_once_each_answer_with_their_own_cluster(monk
     def head(cpus: int) -> None:
         try:
             both_started.wait()
-            with service.ray_cluster(num_cpus=cpus, object_store_bytes=100 << 20) as (url, _):
+            with ray_head.ray_cluster(num_cpus=cpus, object_store_bytes=100 << 20) as cluster:
+                url = cluster.address
                 resources = RayJobs(url).cluster_resources  # the node registers after the dashboard
                 seen[cpus] = (url, wait_for(lambda: resources().get("CPU"), 60, "the head's CPUs"))
                 both_read.wait()  # neither stops before the other has read its cluster
