@@ -137,6 +137,15 @@ class RayJobs:
         except RuntimeError:
             return False
 
+    def exit_code(self, submission_id: str) -> int | None:
+        """The exit code of the job's entrypoint (negative: the signal that killed it), None
+        while it runs or when Ray cannot say."""
+        try:
+            code = self.client.get_job_info(submission_id).driver_exit_code
+        except (ConnectionError, RuntimeError):
+            return None
+        return None if code is None else int(code)
+
     def log_tail(self, submission_id: str, max_chars: int = 4000) -> str:
         """The end of the job's output (stdout and stderr), where a traceback would be."""
         try:

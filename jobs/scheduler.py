@@ -29,6 +29,7 @@ import logging
 import math
 import os
 import shlex
+import signal
 import socket
 import sys
 import uuid
@@ -117,6 +118,21 @@ class SchedulerSettings:
 def default_owner() -> str:
     """Who holds the lock, in words a person can trace: host, process, and a nonce."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def death_reason(exit_code: int | None) -> str:
+    """What a worker's exit code says about its death, as a clause to add to the error.
+    SIGKILL is what the kernel's out-of-memory killer sends (a shell running the entrypoint
+    reports it as 128 + 9): the likeliest cause of a worker that dies without a word."""
+    if exit_code in (-signal.SIGKILL, 128 + signal.SIGKILL):
+        return (
+            ": it was killed with SIGKILL, most often by the kernel's out-of-memory killer "
+            '(`dmesg` then shows "Out of memory: Killed process"; give the run more memory '
+            "or make it smaller: population_size, max_num_seqs, max_model_len), or by a kill -9"
+        )
+    if exit_code is not None and exit_code < 0:
+        return f": it was killed by signal {signal.Signals(-exit_code).name}"
+    return "" if exit_code is None else f" (exit code {exit_code})"
 
 
 def owner_is_gone(owner: str) -> bool:
@@ -300,11 +316,13 @@ class Scheduler:
             # The worker records its own outcome before it exits; a job that ended while the
             # run has not means the worker died (kill -9, out of memory, import error).
             tail = self.ray_jobs.log_tail(sid, self.settings.log_tail_chars)
+            death = death_reason(self.ray_jobs.exit_code(sid))
             self._finish(
                 run,
                 RunStatus.FAILED,
                 with_log_tail(
-                    f"the worker's Ray job {sid} {state.message} before the run ended", tail
+                    f"the worker's Ray job {sid} {state.message} before the run ended{death}",
+                    tail,
                 ),
                 f"Ray job {state.value}",
             )

@@ -187,6 +187,7 @@ def test_kill_9_fails_the_run_then_resume_completes_it(
     assert failed.status is RunStatus.FAILED
     assert "FAILED" in failed.error or "failed" in failed.error
     assert "end of its log" in failed.error and "Running entrypoint" in failed.error
+    assert "killed with SIGKILL, most often by the kernel's out-of-memory killer" in failed.error
     path = make_url(sqlite_url).database
     assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone() == ("ok",)
     steps = [p.step for p in sqlite_store.metric_series(run.id, "train/reward/mean")]
