@@ -5,7 +5,10 @@ A tick every few seconds (APScheduler BackgroundScheduler) does, in order:
    or unreachable worker). This step only reads the database: a worker frozen in the
    middle of a write holds SQLite's write lock, and nothing else can be written until Ray
    has killed it. A silent foreground run (`eslab train`, no Ray job) is only noted: its
-   process is not ours to stop;
+   process is not ours to stop. While the database refuses the scheduler's own requests
+   (another process holds SQLite's lock, a PostgreSQL server restarts), the workers wait for
+   it too (jobs.sink): for up to ESLAB_DB_WAIT_S nobody is stopped for silence, and once
+   the database is back silence counts from then;
 2. renew the scheduler lock; a scheduler without it does nothing, so one scheduler runs per
    database even when two `eslab serve` share it;
 3. sync every active run with its Ray job: a job that ended while the run is not ended
@@ -32,6 +35,7 @@ import shlex
 import signal
 import socket
 import sys
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -53,7 +57,8 @@ from jobs.liveness import silent_seconds
 from jobs.outcome import with_log_tail
 from jobs.private_files import write_private
 from jobs.ray_jobs import JobState, RayJobs, RayUnavailableError, SubmitError
-from jobs.store.errors import StaleAttemptError
+from jobs.sink import database_wait_seconds
+from jobs.store.errors import DatabaseUnavailableError, StaleAttemptError
 from jobs.store.records import RunRecord
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
@@ -215,6 +220,10 @@ class Scheduler:
         """The outcome of the last renewal that reached the database. A renewal that fails
         because the database is locked leaves it as it was: nobody else can have taken the
         lock while nothing can be written."""
+        self._outage_since: float | None = None
+        """When (time.monotonic) the database stopped taking this scheduler's requests."""
+        self._back_at: datetime | None = None
+        """When (database time) it took them again after the last outage."""
         self._silenced: dict[int, str] = {}
         """Runs that step 1 found silent (and stopped the job of, if they have one), with the
         reason to record."""
@@ -268,9 +277,10 @@ class Scheduler:
         try:
             if self.revive is not None and (address := self.revive()) is not None:
                 self.ray_jobs = RayJobs(address)
-            if self._holds_lock:
+            if self._holds_lock and not self._in_grace():
                 self._stop_silent_workers()
             self._holds_lock = self._renew_lock()
+            self._database_back()
             if not self._holds_lock:
                 log.warning("scheduler %s lost its lock: %s", self.owner, self.holder_message())
                 return
@@ -283,8 +293,27 @@ class Scheduler:
             self._submit_queued()
         except RayUnavailableError as exc:
             log.warning("scheduler tick skipped: %s", exc)
+        except DatabaseUnavailableError as exc:
+            if self._outage_since is None:
+                self._outage_since = time.monotonic()
+            log.warning("scheduler tick skipped, the database does not answer: %s", exc)
         except Exception:
             log.exception("scheduler tick failed")
+
+    def _in_grace(self) -> bool:
+        """While the database does not take this scheduler's writes, for up to the time a
+        worker waits for it (jobs.sink, ESLAB_DB_WAIT_S), silence is not the workers' doing:
+        they wait too. Past that, a worker frozen in the middle of its write (which holds
+        SQLite's lock) is stopped as any silent one."""
+        since = self._outage_since
+        return since is not None and time.monotonic() - since < database_wait_seconds()
+
+    def _database_back(self) -> None:
+        """The database took a write again: silence is measured from now at the earliest,
+        so the workers' own retries have time to land."""
+        if self._outage_since is not None:
+            self._outage_since = None
+            self._back_at = self.store.database_now()
 
     def _renew_lock(self) -> bool:
         return self.store.acquire_lock(LOCK_NAME, self.owner, self.settings.lock_lease_seconds)
@@ -345,8 +374,11 @@ class Scheduler:
         docstring); `_sync` records the outcome once the database takes writes again."""
         timeout = self.settings.heartbeat_timeout_seconds
         now = self.store.database_now()  # the clock the heartbeats were written in
+        since_back = None if self._back_at is None else (now - self._back_at).total_seconds()
         for run in self.store.active_runs():
             silent = silent_seconds(run, now)
+            if silent is not None and since_back is not None:
+                silent = min(silent, since_back)
             sid = run.ray_submission_id
             if silent is None or silent <= timeout or run.id in self._silenced:
                 continue

@@ -5,6 +5,12 @@ class StoreError(Exception):
     """The database cannot be used as asked (unreachable, wrong URL, bad request)."""
 
 
+class DatabaseUnavailableError(StoreError):
+    """The database did not take a request now: another process holds SQLite's write lock
+    longer than the busy timeout, or the server cannot be reached (restarting, network). The
+    request was rolled back whole; the same request may succeed later."""
+
+
 class SchemaOutdatedError(StoreError):
     """The database is at an older migration than the code expects."""
 

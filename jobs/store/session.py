@@ -14,7 +14,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.store.database import describe, make_engine
-from jobs.store.errors import StoreError
+from jobs.store.errors import DatabaseUnavailableError, StoreError
 from jobs.store.migrate import require_current_schema
 from jobs.store.rows import aware, database_now
 
@@ -48,9 +48,8 @@ class StoreBase:
             session.commit()
         except OperationalError as exc:
             session.rollback()
-            raise StoreError(
-                f"database {describe(str(self.engine.url))} failed: {exc.orig}"
-            ) from exc
+            error = DatabaseUnavailableError if is_transient(exc) else StoreError
+            raise error(f"database {describe(str(self.engine.url))} failed: {exc.orig}") from exc
         except SQLAlchemyError as exc:
             session.rollback()
             raise StoreError(f"database error: {exc}") from exc
@@ -59,3 +58,22 @@ class StoreBase:
             raise
         finally:
             session.close()
+
+
+TRANSIENT = (
+    "database is locked",  # SQLite: another connection's write lock outlasted the busy timeout
+    "database table is locked",
+    "connection",  # PostgreSQL: refused, reset, closed, failed
+    "server closed",
+    "terminating connection",  # the server shutting down under a session
+    "the database system is",  # ... starting up, shutting down, in recovery mode
+    "could not receive data",
+    "could not send data",
+)
+
+
+def is_transient(exc: OperationalError) -> bool:
+    """Whether `exc` says the database was busy or away (a later try may work) rather than
+    the request being wrong (a missing table, a full disk)."""
+    text = str(exc.orig).lower()
+    return bool(exc.connection_invalidated) or any(t in text for t in TRANSIENT)

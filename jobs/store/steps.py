@@ -61,6 +61,15 @@ class StepRecords(StoreBase):
                     ],
                     ["run_id", "step", "member"],
                 )
+            if report.samples:  # a step written again (a retry, a resume) replaces its samples
+                sample = models.Sample
+                s.execute(
+                    delete(sample).where(
+                        sample.run_id == run_id,
+                        sample.step == report.step,
+                        sample.split.in_({x.split for x in report.samples}),
+                    )
+                )
             s.add_all(
                 models.Sample(run_id=run_id, step=report.step, **asdict(x)) for x in report.samples
             )

@@ -92,6 +92,12 @@ class PostgresServer:
                 shutil.chown(pwfile, "postgres")
             auth = ["--auth=scram-sha-256", f"--pwfile={pwfile}"]
         self._run(initdb, "-D", self.data, "-U", PG_USER, *auth, "-E", "UTF8", "--no-sync")
+        self._start()
+        self.password = password
+        user = PG_USER if password is None else f"{PG_USER}:{quote(password, safe='')}"
+        self.base_url = f"postgresql+psycopg://{user}@127.0.0.1:{self.port}"
+
+    def _start(self) -> None:
         options = (
             f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 "
             "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
@@ -109,9 +115,13 @@ class PostgresServer:
             "60",
             "start",
         )
-        self.password = password
-        user = PG_USER if password is None else f"{PG_USER}:{quote(password, safe='')}"
-        self.base_url = f"postgresql+psycopg://{user}@127.0.0.1:{self.port}"
+
+    def shut_down(self) -> None:
+        """Stop the server, ending every connection, and keep its data (start_again)."""
+        self._run(self.pg_ctl, "-D", self.data, "-m", "fast", "-w", "stop")
+
+    def start_again(self) -> None:
+        self._start()
 
     def _run(self, *cmd: str) -> None:
         result = subprocess.run([*self._as, *cmd], capture_output=True, text=True, timeout=120)

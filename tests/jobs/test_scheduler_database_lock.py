@@ -49,3 +49,41 @@ def test_a_worker_frozen_while_writing_is_stopped_before_the_scheduler_writes(
     assert [e.message for e in sqlite_store.events(run.id)].count(
         "scheduler marked the run failed: heartbeat timeout"
     ) == 1
+
+
+def test_a_database_held_by_another_process_is_waited_out_not_blamed_on_the_workers(
+    sqlite_url, tmp_path, monkeypatch
+):
+    """Another process holds SQLite's write lock (a backup, a `sqlite3` shell): the workers
+    wait for it (jobs.sink), so while the scheduler cannot write either, their silence is
+    not theirs, up to ESLAB_DB_WAIT_S; silence counts again from when the database is back."""
+    from jobs.store import database
+    from jobs.store.store import Store
+
+    monkeypatch.setattr(database, "BUSY_TIMEOUT_MS", 300)  # the lock is seen at once
+    monkeypatch.setenv("ESLAB_DB_WAIT_S", "60")
+    store = Store(sqlite_url)
+    try:
+        run = queue_run(store, tmp_path / "out")
+        assert store.mark_submitted(run.id, run.uuid) and store.start_run(run.id)
+        ray = RecordingRay()
+        scheduler = Scheduler(store, ray, SchedulerSettings(heartbeat_timeout_seconds=0.5))
+        scheduler.tick()
+        holder = sqlite3.connect(make_url(sqlite_url).database, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            scheduler.tick()  # the worker is still fresh; the lock renewal is refused
+            time.sleep(1.0)
+            scheduler.tick()  # silent for 1 s > 0.5, but nobody can write
+            assert ray.stopped == []
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        scheduler.tick()  # the database is back: silence counts from now
+        scheduler.tick()
+        assert ray.stopped == [] and store.get_run(run.id).status is RunStatus.RUNNING
+        time.sleep(1.0)
+        scheduler.tick()  # and a worker that stays silent is stopped as before
+        assert ray.stopped == [run.uuid]
+    finally:
+        store.close()
