@@ -543,8 +543,10 @@ class AlignmentConfig:
         exclusive_min=True,
     )
     scorer_retries: int = option(
-        2,
-        "Further attempts after a scorer timeout, refusal of connection or 5xx.",
+        8,
+        "Further attempts after a scorer timeout, refusal of connection or 5xx, 0.5 s "
+        "after the first failure and twice as long after each next one, at most 30 s: 8 "
+        "outlast about 90 s of a scorer that restarts.",
         label="Scorer retries",
         min_value=0,
     )

@@ -20,6 +20,7 @@ error.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -33,7 +34,12 @@ from engine.hosts import is_loopback_address
 if TYPE_CHECKING:
     import httpx
 
+log = logging.getLogger(__name__)
+
 RETRY_PAUSE_S = 0.5
+MAX_RETRY_PAUSE_S = 30.0
+"""Retries wait 0.5, 1, 2, ... s, at most 30: the default 8 retries outlast about 90 s of a
+scorer that is away (restarting, loading its models)."""
 TOKEN_ENV = "ESLAB_SCORER_TOKEN"
 ORIGINS_ENV = "ESLAB_SCORER_ORIGINS"
 
@@ -53,7 +59,7 @@ class ScorerClient:
     url: str
     batch_size: int = 16
     timeout_s: float = 60.0
-    retries: int = 2
+    retries: int = 8
 
     @property
     def base(self) -> str:
@@ -103,7 +109,9 @@ class ScorerClient:
                     raise ScorerError(
                         f"scorer {self.base} failed {attempt + 1} time(s): {exc}"
                     ) from None
-                time.sleep(RETRY_PAUSE_S * (attempt + 1))
+                pause = min(RETRY_PAUSE_S * 2**attempt, MAX_RETRY_PAUSE_S)
+                log.warning("scorer %s: %s; trying again in %.1f s", self.base, exc, pause)
+                time.sleep(pause)
         raise AssertionError("unreachable")
 
     def _score_once(

@@ -201,3 +201,27 @@ def test_each_members_samples_carry_their_reward_and_cost(dataset, tmp_path):
             assert (p.sample_rewards[at], p.sample_costs[at]) == (s.reward, s.reward_parts["cost"])
     assert {s.member for s in report.samples} <= {p.member for p in report.population}
     assert any(s.member is not None for s in report.samples)
+
+
+def test_a_scorer_that_restarts_is_waited_for_and_one_that_stays_away_fails_the_step():
+    """A scorer answering 503 while it restarts (2 s here) is tried again with growing
+    pauses until it answers; past its retries the error names it and the attempts."""
+    import time
+
+    from engine.scoring.client import ScorerClient, ScorerError
+
+    back_at = time.monotonic() + 2.0
+
+    def restarting(body: dict) -> tuple[int, bytes]:
+        if time.monotonic() < back_at:
+            return 503, b"loading the models"
+        return answer(body)
+
+    with stub_scorer(restarting) as url:
+        rewards, costs = ScorerClient(url, retries=4).score(["p", "q"], ["r", "s"])
+        assert rewards.tolist() == [1.0, 1.0] and costs.tolist() == [0.5, 0.5]
+    with (
+        stub_scorer(lambda body: (503, b"down")) as url,
+        pytest.raises(ScorerError, match=rf"scorer {url} failed 3 time\(s\): HTTP 503"),
+    ):
+        ScorerClient(url, retries=2).score(["p"], ["r"])
