@@ -4,6 +4,7 @@ run included (it ends cancelled with a checkpoint, ready for `eslab resume`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import stat
@@ -82,8 +83,11 @@ class Serve:
         return self.process.wait(timeout)
 
     def kill(self) -> None:
-        if self.process.poll() is None:
+        """SIGKILL to the serve's whole group, its dashboard included (which outlives a
+        serve killed alone)."""
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
 
 
 def test_serve_schedules_refuses_a_second_scheduler_and_stops_cleanly(
