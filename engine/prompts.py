@@ -24,9 +24,17 @@ Messages = list[dict[str, str]]
 Prompt = Messages | str
 """Chat messages (the chat template applies) or raw text (sent as it is)."""
 
-# The conversation form of Safe-RLHF that the alignment fork's prompts use.
-_CONVERSATION_USER = "USER:"
-_CONVERSATION_ASSISTANT = "ASSISTANT:"
+# The conversation form of Safe-RLHF that the alignment fork's prompts and its scorer use.
+CONVERSATION_BEGIN = "BEGINNING OF CONVERSATION:"
+CONVERSATION_USER = "USER:"
+CONVERSATION_ASSISTANT = "ASSISTANT:"
+
+
+def conversation_prompt(user: str) -> str:
+    """`user`'s words as a one-turn Safe-RLHF conversation awaiting the assistant's answer:
+    "BEGINNING OF CONVERSATION: USER: {user} ASSISTANT:", the raw prompt the alignment fork
+    gives its policy."""
+    return f"{CONVERSATION_BEGIN} {CONVERSATION_USER} {user} {CONVERSATION_ASSISTANT}"
 
 
 def prompt_format(prompt: Prompt) -> str:
@@ -48,9 +56,9 @@ def user_text(prompt: Prompt) -> str:
     alignment fork's scorer client extracts, so the scorer does not wrap it twice); other raw
     text whole."""
     if isinstance(prompt, str):
-        if _CONVERSATION_USER in prompt and _CONVERSATION_ASSISTANT in prompt:
-            after_user = prompt.split(_CONVERSATION_USER, 1)[1]
-            return after_user.rsplit(_CONVERSATION_ASSISTANT, 1)[0].strip()
+        if CONVERSATION_USER in prompt and CONVERSATION_ASSISTANT in prompt:
+            after_user = prompt.split(CONVERSATION_USER, 1)[1]
+            return after_user.rsplit(CONVERSATION_ASSISTANT, 1)[0].strip()
         return prompt
     users = [m["content"] for m in prompt if m["role"] == "user"]
     return users[-1] if users else "\n\n".join(m["content"] for m in prompt)

@@ -10,9 +10,10 @@ score the same as plain ones.
 
 from __future__ import annotations
 
-BEGIN = "BEGINNING OF CONVERSATION:"
-USER = "USER:"
-ASSISTANT = "ASSISTANT:"
+from engine.prompts import CONVERSATION_ASSISTANT as ASSISTANT
+from engine.prompts import CONVERSATION_BEGIN as BEGIN
+from engine.prompts import CONVERSATION_USER as USER
+
 REFERENCE_EOS = "</s>"  # the reference's `tokenizer.eos_token or '</s>'`
 
 

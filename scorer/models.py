@@ -1,9 +1,12 @@
-"""One scoring model: any Hugging Face sequence-classification checkpoint given by path.
+"""One scoring model: a Hugging Face sequence-classification checkpoint, or a Safe-RLHF score
+model (`LlamaForScore`, the alignment fork's beaver reward and cost models; scorer/score_head.py),
+given by path.
 
-A checkpoint with one label gives its logit as the score (the usual reward-model head); one
+A classifier with one label gives its logit as the score (the usual reward-model head); one
 with two labels gives logit[1] - logit[0], the log-odds of label 1, so a classifier trained
 with label 1 = helpful (reward) or label 1 = harmful (cost) scores above 0 exactly when it
-leans to label 1. For a cost model that is the Safe-RLHF convention: cost > 0 means unsafe.
+leans to label 1. For a cost model that is the Safe-RLHF convention: cost > 0 means unsafe,
+which a Safe-RLHF score model's end score follows by itself.
 
 What the model reads is its input format: `pair` (ES Lab's default models) tokenizes prompt
 and response as the tokenizer's two segments; `conversation` scores the reference's text,
@@ -26,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from scorer.conversation import REFERENCE_EOS, conversation_text, user_words
+from scorer.score_head import ScoreHead, is_score_model
 
 INPUT_FORMATS = ("pair", "conversation")
 DEFAULT_MAX_LENGTH = 512  # the reference's MAX_LENGTH (Safe-RLHF's Beaver models)
@@ -67,11 +71,14 @@ class ScoringModel:
             )
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.path)
-            self.model = AutoModelForSequenceClassification.from_pretrained(self.path).eval()
+            if is_score_model(self.path):
+                self.model: Any = ScoreHead(self.path)
+            else:
+                self.model = AutoModelForSequenceClassification.from_pretrained(self.path).eval()
         except (OSError, ValueError) as exc:
             raise ScoringModelError(f"cannot load scoring model {path}: {exc}") from exc
-        labels = self.model.config.num_labels
-        if labels not in (1, 2):
+        labels = getattr(self.model.config, "num_labels", 1)
+        if not isinstance(self.model, ScoreHead) and labels not in (1, 2):
             raise ScoringModelError(
                 f"scoring model {path} has {labels} labels; a reward or "
                 "cost model needs 1 (a score) or 2 (log-odds of label 1)"
@@ -107,8 +114,11 @@ class ScoringModel:
             return_tensors="pt",
         )
         with self._lock, self._torch.inference_mode():
-            logits = self.model(**encoded).logits.float().numpy()  # [B, labels]
-        scores = logits[:, 0] if logits.shape[1] == 1 else logits[:, 1] - logits[:, 0]
+            if isinstance(self.model, ScoreHead):
+                scores = self.model.scores(encoded)
+            else:
+                logits = self.model(**encoded).logits.float().numpy()  # [B, labels]
+                scores = logits[:, 0] if logits.shape[1] == 1 else logits[:, 1] - logits[:, 0]
         return [float(x) for x in np.asarray(scores)]
 
     def _inputs(self, prompts: list[str], responses: list[str]) -> tuple[list[str], ...]:

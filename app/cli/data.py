@@ -53,6 +53,20 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     gsm8k.add_argument("--input", required=True, help="GSM8K jsonl: question, answer ... #### N")
     gsm8k.add_argument("--out", required=True, type=config_out, help="parquet file" + OUT_HELP)
     gsm8k.set_defaults(func=cmd_data_gsm8k)
+    safe = data_cmds.add_parser(
+        "safe-rlhf",
+        help="convert the alignment fork's prompt file (custom_train_250.jsonl, ...)",
+    )
+    safe.add_argument("--input", required=True, help='JSON lines with a "prompt" each')
+    safe.add_argument("--out", required=True, type=config_out, help="parquet file" + OUT_HELP)
+    safe.add_argument(
+        "--form",
+        choices=("chat", "conversation"),
+        default="chat",
+        help="chat: the user's message (chat template); conversation: the fork's raw "
+        "'BEGINNING OF CONVERSATION: USER: ... ASSISTANT:' (set prompt_format: raw)",
+    )
+    safe.set_defaults(func=cmd_data_safe_rlhf)
     concise = data_cmds.add_parser("conciseness", help="write the shipped conciseness dataset")
     concise.add_argument(
         "--out", required=True, type=config_out, help="folder for train/test.parquet" + OUT_HELP
@@ -105,6 +119,13 @@ def cmd_data_gsm8k(args: argparse.Namespace) -> int:
     from engine.data.gsm8k import convert_gsm8k
 
     print(convert_gsm8k(args.input, args.out).summary)
+    return 0
+
+
+def cmd_data_safe_rlhf(args: argparse.Namespace) -> int:
+    from engine.data.safe_rlhf import convert_safe_rlhf
+
+    print(convert_safe_rlhf(args.input, args.out, args.form).summary)
     return 0
 
 
