@@ -67,9 +67,20 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "'BEGINNING OF CONVERSATION: USER: ... ASSISTANT:' (set prompt_format: raw)",
     )
     safe.set_defaults(func=cmd_data_safe_rlhf)
-    concise = data_cmds.add_parser("conciseness", help="write the shipped conciseness dataset")
+    concise = data_cmds.add_parser(
+        "conciseness",
+        help="write the shipped conciseness dataset, or convert the ES paper's own pairs",
+    )
     concise.add_argument(
-        "--out", required=True, type=config_out, help="folder for train/test.parquet" + OUT_HELP
+        "--input",
+        help="the paper's {question, answer} JSON lines (its conciseness/data/train.jsonl "
+        "or eval.jsonl): written as raw prompts to the parquet file --out",
+    )
+    concise.add_argument(
+        "--out",
+        required=True,
+        type=config_out,
+        help="folder for train/test.parquet, or with --input a parquet file" + OUT_HELP,
     )
     concise.set_defaults(func=cmd_data_conciseness)
     clean = data_cmds.add_parser(
@@ -135,8 +146,10 @@ def cmd_data_conciseness(args: argparse.Namespace) -> int:
 
 
 def conciseness_data(args: argparse.Namespace) -> WriteResult:
-    from engine.data.conciseness import write_conciseness
+    from engine.data.conciseness import convert_conciseness_pairs, write_conciseness
 
+    if getattr(args, "input", None):
+        return convert_conciseness_pairs(args.input, args.out)
     return write_conciseness(args.out)
 
 

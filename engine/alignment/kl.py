@@ -21,7 +21,6 @@ samples at that temperature with neither top-p nor top-k.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,6 +44,30 @@ class KLSettings:
 
 
 @dataclass(frozen=True)
+class RewardColumn:
+    """The conciseness table's reward column: the conciseness reward of every sampled answer
+    (decoded without special tokens and stripped, as the reference does), and its mean and
+    std mapped onto [0, 1] as the reference reports them: (mean + 2000) / 2001, std / 2001."""
+
+    mean: float
+    std: float
+    normalized_mean: float
+    normalized_std: float
+    answers: int
+
+    @classmethod
+    def of(cls, rewards: Sequence[float]) -> RewardColumn:
+        mean, std = float(np.mean(rewards)), float(np.std(rewards))
+        return cls(
+            mean, std, (mean + REWARD_SPAN - 1) / REWARD_SPAN, std / REWARD_SPAN, len(rewards)
+        )
+
+
+REWARD_SPAN = 2001
+"""The reference's normalization of the conciseness reward: (R + 2000) / 2001."""
+
+
+@dataclass(frozen=True)
 class KLResult:
     model: str
     base: str
@@ -53,9 +76,24 @@ class KLResult:
     mean_per_token: float  # NaN when no answer had a token
     total_tokens: int
     per_sample_mean: list[float]  # each answer's mean KL (answers with tokens)
+    reward: RewardColumn | None = None  # with the prompts' conciseness targets
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Answers:
+    """What sampling `samples` answers per prompt gave: each answer's per-token KL (answers
+    with tokens) and, with targets, its conciseness reward."""
+
+    kls: list[np.ndarray]
+    rewards: list[float]
+
+    @property
+    def mean_per_token(self) -> float:
+        every = np.concatenate(self.kls) if self.kls else np.zeros(0)
+        return float(every.mean()) if every.size else float("nan")
 
 
 def per_token_kl(base_logps: np.ndarray, model_logps: np.ndarray) -> np.ndarray:
@@ -83,19 +121,22 @@ def token_logps(model: Any, ids: Any, start: int, length: int) -> np.ndarray:
     return picked.cpu().numpy()
 
 
-def kl_to_base(
-    model_dir: str | Path,
-    base_dir: str | Path,
-    prompts: Sequence[Prompt],
-    settings: KLSettings = KLSettings(),
-    *,
-    dtype: str = "auto",
-    log: Callable[[str], None] = print,
-) -> KLResult:
-    """The mean per-token KL of `model_dir`'s sampled answers to `base_dir`'s model."""
+def load_causal_lm(path: str | Path, dtype: str = "auto") -> Any:
+    """A causal LM from `path`, in eval mode, on the GPU when there is one."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=dtype if dtype == "auto" else getattr(torch, dtype)
+        )
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load {path} as a causal language model: {exc}") from exc
+    return model.to(device).eval()
+
+
+def check_settings(settings: KLSettings) -> None:
     if (
         settings.samples < 1
         or settings.max_new_tokens < 1
@@ -105,47 +146,78 @@ def kl_to_base(
             "the KL evaluation needs samples >= 1, max_new_tokens >= 1 and temperature > 0, "
             f"got {settings.samples}, {settings.max_new_tokens} and {settings.temperature}"
         )
-    if settings.seed is not None:
-        torch.manual_seed(settings.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    models = []
-    for path in (model_dir, base_dir):
-        try:
-            models.append(
-                AutoModelForCausalLM.from_pretrained(
-                    str(path), dtype=dtype if dtype == "auto" else getattr(torch, dtype)
-                )
-                .to(device)
-                .eval()
-            )
-        except (OSError, ValueError) as exc:
-            raise ModelError(f"cannot load {path} as a causal language model: {exc}") from exc
-    model, base = models
+
+
+def kl_to_base(
+    model_dir: str | Path,
+    base_dir: str | Path,
+    prompts: Sequence[Prompt],
+    settings: KLSettings = KLSettings(),
+    *,
+    targets: Sequence[str] | None = None,
+    dtype: str = "auto",
+    log: Callable[[str], None] = print,
+) -> KLResult:
+    """The mean per-token KL of `model_dir`'s sampled answers to `base_dir`'s model; with
+    each prompt's conciseness target, the same answers' reward column too."""
+    from transformers import AutoTokenizer
+
+    check_settings(settings)
+    model, base = load_causal_lm(model_dir, dtype), load_causal_lm(base_dir, dtype)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    stop_ids = _stop_ids(tokenizer, model)
-    kls: list[np.ndarray] = []
-    for p, prompt in enumerate(prompts):
-        log(f"KL: prompt {p + 1}/{len(prompts)}, {settings.samples} samples")
-        ids = _prompt_ids(tokenizer, prompt, model_dir).to(device)
-        for _ in range(settings.samples):
-            kl = _sample_kl(model, base, tokenizer, ids, stop_ids, settings)
-            if kl.size:
-                kls.append(kl)
-    every = np.concatenate(kls) if kls else np.zeros(0)
+    answers = sample_answers(model, base, tokenizer, prompts, settings, targets, log, model_dir)
     return KLResult(
         model=str(model_dir),
         base=str(base_dir),
         prompts=len(prompts),
         settings=settings,
-        mean_per_token=float(every.mean()) if every.size else float("nan"),
-        total_tokens=int(every.size),
-        per_sample_mean=[float(k.mean()) for k in kls],
+        mean_per_token=answers.mean_per_token,
+        total_tokens=int(sum(k.size for k in answers.kls)),
+        per_sample_mean=[float(k.mean()) for k in answers.kls],
+        reward=RewardColumn.of(answers.rewards) if targets is not None else None,
     )
 
 
-def _sample_kl(
+def sample_answers(
+    model: Any,
+    base: Any,
+    tokenizer: Any,
+    prompts: Sequence[Prompt],
+    settings: KLSettings,
+    targets: Sequence[str] | None = None,
+    log: Callable[[str], None] = print,
+    model_dir: str | Path = "the model",
+) -> Answers:
+    """`settings.samples` answers of `model` per prompt, one at a time as the reference
+    samples them, each answer's KL to `base` and, with targets, its conciseness reward."""
+    import torch
+
+    from engine.rewards.conciseness import compute_score
+
+    if targets is not None and len(targets) != len(prompts):
+        raise ModelError(f"{len(targets)} targets for {len(prompts)} prompts")
+    if settings.seed is not None:
+        torch.manual_seed(settings.seed)
+    device = next(model.parameters()).device
+    stop_ids = _stop_ids(tokenizer, model)
+    answers = Answers([], [])
+    for p, prompt in enumerate(prompts):
+        log(f"answers: prompt {p + 1}/{len(prompts)}, {settings.samples} samples")
+        ids = _prompt_ids(tokenizer, prompt, model_dir).to(device)
+        for _ in range(settings.samples):
+            kl, text = _sample(model, base, tokenizer, ids, stop_ids, settings)
+            if kl.size:
+                answers.kls.append(kl)
+            if targets is not None:
+                answers.rewards.append(compute_score(text, target=targets[p])["reward"])
+    return answers
+
+
+def _sample(
     model: Any, base: Any, tokenizer: Any, ids: Any, stop_ids: set[int], settings: KLSettings
-) -> np.ndarray:
+) -> tuple[np.ndarray, str]:
+    """One sampled answer: its per-token KL to `base` and its text, decoded without special
+    tokens and stripped (the reference's)."""
     import torch
 
     sampling = (
@@ -164,13 +236,15 @@ def _sample_kl(
             **sampling,
         )
     start = ids.shape[1]
+    text = tokenizer.decode(full[0, start:], skip_special_tokens=True).strip()
     length = answer_length(full[0, start:].tolist(), stop_ids)
     if length == 0:
-        return np.zeros(0)
+        return np.zeros(0), text
     full = full[:, : start + length]
-    return per_token_kl(
+    kl = per_token_kl(
         token_logps(base, full, start, length), token_logps(model, full, start, length)
     )
+    return kl, text
 
 
 def _stop_ids(tokenizer: Any, model: Any) -> set[int]:
@@ -194,9 +268,3 @@ def _prompt_ids(tokenizer: Any, prompt: Prompt, model_dir: str | Path) -> Any:
         )
     text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
-
-
-def write_result(result: KLResult, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result.to_json(), indent=2))
-    return path
