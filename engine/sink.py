@@ -79,6 +79,26 @@ class Sink(Protocol):
         ...
 
 
+class ForwardingSink:
+    """A sink that hands everything to `inner`: what wraps a sink (to rename its metrics,
+    to stop at a step boundary) overrides only what it changes."""
+
+    def __init__(self, inner: Sink) -> None:
+        self.inner = inner
+
+    def log_step(self, report: StepReport) -> None:
+        self.inner.log_step(report)
+
+    def log_checkpoint(self, step: int, path: str) -> None:
+        self.inner.log_checkpoint(step, path)
+
+    def log_event(self, level: str, message: str) -> None:
+        self.inner.log_event(level, message)
+
+    def heartbeat(self, step: int) -> None:
+        self.inner.heartbeat(step)
+
+
 class Reporter(Sink, Protocol):
     """A sink that holds a file or a connection open until the run ends."""
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from engine.sink import Sink, StepReport
+from engine.sink import ForwardingSink, Sink
 from jobs import phases
 from jobs.checkpoints import latest_checkpoint
 from jobs.outcome import RunOutcome
@@ -94,24 +94,15 @@ class StopSignal:
         return self._boundary.wait(timeout)
 
 
-class StoppingSink:
+class StoppingSink(ForwardingSink):
     """The database sink, plus: the step boundary (the trainer's per-step heartbeat) is
     where a requested stop takes effect."""
 
     def __init__(self, inner: Sink, stop: StopSignal, *, raise_at_boundary: bool) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.stop = stop
         self.raise_at_boundary = raise_at_boundary
         self.last_step = 0
-
-    def log_step(self, report: StepReport) -> None:
-        self.inner.log_step(report)
-
-    def log_checkpoint(self, step: int, path: str) -> None:
-        self.inner.log_checkpoint(step, path)
-
-    def log_event(self, level: str, message: str) -> None:
-        self.inner.log_event(level, message)
 
     def heartbeat(self, step: int) -> None:
         self.inner.heartbeat(step)

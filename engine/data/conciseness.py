@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.data.datasets import DatasetError, Example, WriteResult, write_dataset
+from engine.data.datasets import Example, WriteResult, json_lines, write_dataset
 from engine.paths import PROJECT_ROOT
 
 SHIPPED_DIR = PROJECT_ROOT / "data" / "conciseness"
@@ -88,28 +88,8 @@ def convert_conciseness_pairs(input_jsonl: str | Path, out_path: str | Path) -> 
     train.jsonl` and `eval.jsonl`: {"question": ..., "answer": ...} a line) as a dataset of
     raw prompts, the bare question as the reference feeds it to the model (no chat
     template; a run sets `prompt_format: raw`), with the answer as the reward's target."""
-    import json
-
-    input_jsonl = Path(input_jsonl)
-    try:
-        lines = input_jsonl.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"cannot read {input_jsonl}: {exc}") from exc
-    examples = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as exc:
-            raise DatasetError(f"{input_jsonl}:{number}: not a JSON object: {exc}") from None
-        if not (
-            isinstance(row, dict)
-            and isinstance(row.get("question"), str)
-            and isinstance(row.get("answer"), str)
-        ):
-            raise DatasetError(f'{input_jsonl}:{number}: needs "question" and "answer" texts')
-        examples.append(Example(row["question"], {"target": row["answer"]}))
+    rows = json_lines(input_jsonl, ("question", "answer"), "pairs")
+    examples = [Example(row["question"], {"target": row["answer"]}) for _, row in rows]
     path = write_dataset(examples, out_path)
     return WriteResult(
         [path], f"conciseness: {len(examples)} raw-prompt pairs from {input_jsonl} in {path}"

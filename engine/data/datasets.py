@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -102,6 +102,42 @@ def load_dataset(path: str | Path, *, expected_format: str | None = None) -> lis
         )
         for row in rows
     ]
+
+
+def json_lines(path: str | Path, needs: Sequence[str], what: str) -> list[tuple[str, dict]]:
+    """The JSON object of every non-blank line of a JSON-lines file, with where it is
+    ("FILE: line N", for messages), each holding non-empty texts under the keys `needs`;
+    DatasetError naming the file (and line) of anything else. `what` names the rows in the
+    message of an empty file."""
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"{path}: file not found")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{path}: not UTF-8 text ({exc})") from exc
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}: line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{where}: not valid JSON ({exc})") from exc
+        if not isinstance(record, dict):
+            raise DatasetError(f"{where}: expected a JSON object with {_quoted(needs)}")
+        for key in needs:
+            if not isinstance(record.get(key), str) or not record[key].strip():
+                raise DatasetError(f"{where}: '{key}' must be a non-empty string")
+        rows.append((where, record))
+    if not rows:
+        raise DatasetError(f"{path}: no {what} (the file is empty)")
+    return rows
+
+
+def _quoted(keys: Sequence[str]) -> str:
+    return " and ".join(f"'{k}'" for k in keys)
 
 
 def write_dataset(examples: Iterable[Example | Mapping[str, Any]], path: str | Path) -> Path:

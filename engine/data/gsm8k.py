@@ -18,7 +18,7 @@ import json
 import re
 from pathlib import Path
 
-from engine.data.datasets import DatasetError, Example, WriteResult, write_dataset
+from engine.data.datasets import DatasetError, Example, WriteResult, json_lines, write_dataset
 
 SYSTEM_PROMPT = """You solve grade-school math word problems.
 
@@ -39,35 +39,16 @@ def convert_gsm8k(input_jsonl: str | Path, out_path: str | Path) -> WriteResult:
     return WriteResult([path], f"gsm8k: {len(examples)} problems from {input_jsonl} in {path}")
 
 
+NEEDS = ("question", "answer")
+
+
 def read_gsm8k(path: Path) -> list[Example]:
     """Parse every non-blank line; errors name the file and the (1-based) line."""
-    if not path.is_file():
-        raise DatasetError(f"{path}: file not found")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise DatasetError(f"{path}: not UTF-8 text ({exc})") from exc
-    examples = [
-        parse_line(line, f"{path}: line {number}")
-        for number, line in enumerate(lines, start=1)
-        if line.strip()
-    ]
-    if not examples:
-        raise DatasetError(f"{path}: no problems (the file is empty)")
-    return examples
+    return [parse_record(record, where) for where, record in json_lines(path, NEEDS, "problems")]
 
 
-def parse_line(line: str, where: str) -> Example:
+def parse_record(record: dict, where: str) -> Example:
     """One GSM8K record -> Example; raises DatasetError prefixed with `where`."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise DatasetError(f"{where}: not valid JSON ({exc})") from exc
-    if not isinstance(record, dict):
-        raise DatasetError(f"{where}: expected a JSON object with 'question' and 'answer'")
-    for key in ("question", "answer"):
-        if not isinstance(record.get(key), str) or not record[key].strip():
-            raise DatasetError(f"{where}: '{key}' must be a non-empty string")
     answer = record["answer"]
     if ANSWER_SEPARATOR not in answer:
         raise DatasetError(

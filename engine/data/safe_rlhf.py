@@ -16,10 +16,9 @@ The user's own copy of the files is read at run time; none is shipped here.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from engine.data.datasets import DatasetError, Example, WriteResult, write_dataset
+from engine.data.datasets import DatasetError, Example, WriteResult, json_lines, write_dataset
 from engine.prompts import conversation_prompt
 
 FORMS = ("chat", "conversation")
@@ -29,35 +28,12 @@ def convert_safe_rlhf(input_jsonl: str | Path, out_path: str | Path, form: str =
     """Write the prompts of a Safe-RLHF JSON-lines file as a dataset at `out_path`."""
     if form not in FORMS:
         raise DatasetError(f"--form must be one of {', '.join(FORMS)}, got {form!r}")
-    input_jsonl = Path(input_jsonl)
-    examples = [_example(row, form) for row in read_rows(input_jsonl)]
+    rows = json_lines(input_jsonl, ("prompt",), "prompts")
+    examples = [_example(row, form) for _, row in rows]
     path = write_dataset(examples, out_path)
     return WriteResult(
         [path], f"safe-rlhf: {len(examples)} prompts ({form}) from {input_jsonl} in {path}"
     )
-
-
-def read_rows(path: Path) -> list[dict]:
-    """The file's objects; DatasetError naming the file and line of anything else."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"cannot read {path}: {exc}") from exc
-    rows = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as exc:
-            raise DatasetError(f"{path}:{number}: not a JSON object: {exc}") from None
-        prompt = row.get("prompt") if isinstance(row, dict) else None
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise DatasetError(f"{path}:{number}: no \"prompt\" text in this line")
-        rows.append(row)
-    if not rows:
-        raise DatasetError(f"{path}: no prompts in this file")
-    return rows
 
 
 def _example(row: dict, form: str) -> Example:

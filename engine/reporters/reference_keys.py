@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from engine import metrics as mk
-from engine.sink import Reporter, StepReport
+from engine.sink import ForwardingSink, Reporter, StepReport
 
 if TYPE_CHECKING:
     from engine.config import RunConfig
@@ -105,24 +105,16 @@ def reference_metrics(
     return out
 
 
-class ReferenceKeys:
+class ReferenceKeys(ForwardingSink):
     """A reporter that hands `inner` every step's metrics in reference mode."""
 
     def __init__(self, inner: Reporter, reference: Reference, config: RunConfig) -> None:
-        self.inner, self.reference, self.config = inner, reference, config
+        super().__init__(inner)
+        self.reporter, self.reference, self.config = inner, reference, config
 
     def log_step(self, report: StepReport) -> None:
         metrics = reference_metrics(report.metrics, report.step, self.reference, self.config)
         self.inner.log_step(replace(report, metrics=metrics))
 
-    def log_checkpoint(self, step: int, path: str) -> None:
-        self.inner.log_checkpoint(step, path)
-
-    def log_event(self, level: str, message: str) -> None:
-        self.inner.log_event(level, message)
-
-    def heartbeat(self, step: int) -> None:
-        self.inner.heartbeat(step)
-
     def close(self) -> None:
-        self.inner.close()
+        self.reporter.close()

@@ -113,5 +113,7 @@ def test_eslab_robustness_writes_its_json_and_the_paper_pairs_convert(models, tm
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "q"}\n')
-    with pytest.raises(DatasetError, match=r'bad\.jsonl:1: needs "question" and "answer"'):
+    with pytest.raises(
+        DatasetError, match=r"bad\.jsonl: line 1: 'answer' must be a non-empty string"
+    ):
         convert_conciseness_pairs(bad, tmp_path / "x.parquet")

@@ -51,8 +51,10 @@ def test_the_command_writes_it_and_bad_lines_are_named(tmp_path, capsys):
     assert "safe-rlhf: 2 prompts (chat)" in capsys.readouterr().out
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(ROWS[0]) + "\n{not json\n")
-    with pytest.raises(DatasetError, match=r"bad\.jsonl:2: not a JSON object"):
+    with pytest.raises(DatasetError, match=r"bad\.jsonl: line 2: not valid JSON"):
         convert_safe_rlhf(bad, tmp_path / "x.parquet")
     bad.write_text(json.dumps({"response_0": "no prompt"}) + "\n")
-    with pytest.raises(DatasetError, match=r"bad\.jsonl:1: no \"prompt\" text"):
+    with pytest.raises(
+        DatasetError, match=r"bad\.jsonl: line 1: 'prompt' must be a non-empty string"
+    ):
         convert_safe_rlhf(bad, tmp_path / "x.parquet")
