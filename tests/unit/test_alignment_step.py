@@ -55,18 +55,28 @@ def answer(body: dict) -> tuple[int, bytes]:
     return 200, json.dumps({"rewards": [1.0] * n, "costs": [0.5] * n}).encode()
 
 
+def scorer_config(dataset, tmp_path, url, **options):
+    """A run of POPULATION members scored by the scorer at `url`, which is not retried."""
+    return make_config(
+        dataset,
+        tmp_path,
+        reward_source="scorer",
+        reward_func_path=None,
+        scorer_url=url,
+        scorer_retries=0,
+        population_size=POPULATION,
+        **options,
+    )
+
+
 @pytest.mark.parametrize("adapt", [False, True])
 def test_the_unperturbed_model_is_generated_only_to_adapt_lambda(dataset, tmp_path, adapt):
     pool, sink = RecordingPool(), MemorySink()
     with stub_scorer(answer) as url:
-        config = make_config(
+        config = scorer_config(
             dataset,
             tmp_path,
-            reward_source="scorer",
-            reward_func_path=None,
-            scorer_url=url,
-            scorer_retries=0,
-            population_size=POPULATION,
+            url,
             max_steps=STEPS,
             eval_strategy="no",
             lambda_adapt=adapt,
@@ -86,14 +96,10 @@ def test_j_c_is_logged_raw_clipped_and_smoothed_with_its_d(dataset, tmp_path, po
     its positive part (0) with lambda_pos_cost_only, as the fork's `lambda/J_C`."""
     sink = MemorySink()
     with stub_scorer(answer) as url:
-        config = make_config(
+        config = scorer_config(
             dataset,
             tmp_path,
-            reward_source="scorer",
-            reward_func_path=None,
-            scorer_url=url,
-            scorer_retries=0,
-            population_size=POPULATION,
+            url,
             max_steps=STEPS,
             eval_strategy="no",
             lambda_adapt=True,
@@ -134,14 +140,10 @@ def test_eval_mean_combined_is_the_references_with_the_latest_lambda(
 ):
     sink = MemorySink()
     with stub_scorer(varied) as url:
-        config = make_config(
+        config = scorer_config(
             dataset,
             tmp_path,
-            reward_source="scorer",
-            reward_func_path=None,
-            scorer_url=url,
-            scorer_retries=0,
-            population_size=POPULATION,
+            url,
             max_steps=2,
             eval_steps=1,
             eval_before_train=True,
@@ -175,14 +177,10 @@ def test_each_members_samples_carry_their_reward_and_cost(dataset, tmp_path):
 
     sink = MemorySink()
     with stub_scorer(varied) as url:
-        config = make_config(
+        config = scorer_config(
             dataset,
             tmp_path,
-            reward_source="scorer",
-            reward_func_path=None,
-            scorer_url=url,
-            scorer_retries=0,
-            population_size=POPULATION,
+            url,
             max_steps=1,
             n=2,
             eval_strategy="no",
