@@ -6,8 +6,10 @@ A write that the database does not take now (SQLite locked by another process pa
 timeout, a backup tool or a `sqlite3` shell holding a transaction; a PostgreSQL server
 restarting) is tried again, with a warning in the run's log, for up to ESLAB_DB_WAIT_S
 seconds (default 600): the run waits and goes on. Every write is one transaction that is
-rolled back whole when it fails, and writing a step again replaces it, so a retry neither
-loses nor doubles a step. Past the wait the run fails with an error that says so.
+rolled back whole when it fails; a step whose commit went through although its answer was
+lost with the connection is found in the database before the write is tried again, so a
+retry neither loses nor doubles a step. Past the wait the run fails with an error that says
+so.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import TypeVar
 
 from engine.sink import StepReport
 from jobs.store.errors import DatabaseUnavailableError
@@ -27,7 +28,6 @@ DEFAULT_WAIT_S = 600.0
 MAX_PAUSE_S = 30.0
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 def database_wait_seconds() -> float:
@@ -47,7 +47,10 @@ class DatabaseSink:
         self.wait_s = database_wait_seconds()
 
     def log_step(self, report: StepReport) -> None:
-        self._write(lambda: self.store.record_step(self.run_id, report, attempt=self.attempt))
+        self._write(
+            lambda: self.store.record_step(self.run_id, report, attempt=self.attempt),
+            done=lambda: self.store.step_recorded(self.run_id, report),
+        )
 
     def log_checkpoint(self, step: int, path: str) -> None:
         self._write(
@@ -60,12 +63,19 @@ class DatabaseSink:
     def heartbeat(self, step: int) -> None:
         self._write(lambda: self.store.heartbeat(self.run_id, step, attempt=self.attempt))
 
-    def _write(self, write: Callable[[], T]) -> T:
+    def _write(self, write: Callable[[], None], done: Callable[[], bool] | None = None) -> None:
+        """`write`, tried again while the database does not take it; `done` says whether an
+        earlier try's commit went through after all."""
         deadline = time.monotonic() + self.wait_s
         pause = 1.0
+        tried = False
         while True:
             try:
-                return write()
+                if tried and done is not None and done():
+                    return
+                tried = True
+                write()
+                return
             except DatabaseUnavailableError as exc:
                 if time.monotonic() + pause > deadline:
                     raise DatabaseUnavailableError(

@@ -61,18 +61,28 @@ class StepRecords(StoreBase):
                     ],
                     ["run_id", "step", "member"],
                 )
-            if report.samples:  # a step written again (a retry, a resume) replaces its samples
-                sample = models.Sample
-                s.execute(
-                    delete(sample).where(
-                        sample.run_id == run_id,
-                        sample.step == report.step,
-                        sample.split.in_({x.split for x in report.samples}),
-                    )
-                )
             s.add_all(
                 models.Sample(run_id=run_id, step=report.step, **asdict(x)) for x in report.samples
             )
+
+    def step_recorded(self, run: int | str, report: StepReport) -> bool:
+        """Whether `report` itself is in the database: a metric of its step written at its
+        wall time (what a write whose commit was answered by a dropped connection left)."""
+        if not report.metrics:
+            return False
+        metric = models.Metric
+        with self._session() as s:
+            run_id = find_run(s, run).id
+            found = s.scalar(
+                select(func.count())
+                .select_from(metric)
+                .where(
+                    metric.run_id == run_id,
+                    metric.step == report.step,
+                    metric.wall_time == report.wall_time,
+                )
+            )
+        return bool(found)
 
     def heartbeat(
         self, run: int | str, step: int | None = None, *, attempt: int | None = None

@@ -121,3 +121,28 @@ def test_a_postgresql_restart_under_a_run_loses_no_step_and_doubles_none(postgre
         assert [len(store.samples(run.id, split="train", step=s)) for s in (1, 2, 3)] == [1] * 3
     finally:
         store.close()
+
+
+def test_a_commit_whose_answer_was_lost_is_not_written_twice(sqlite_url, monkeypatch):
+    """The step went in, but the connection dropped before the answer came (what a server
+    restart at the moment of COMMIT does): the retry finds it and writes nothing again."""
+    monkeypatch.setenv("ESLAB_DB_WAIT_S", "30")
+    store = Store(sqlite_url)
+    try:
+        run = running(store)
+        sink = DatabaseSink(store, run.id, run.attempt)
+        record = store.record_step
+        calls = []
+
+        def committed_then_lost(*args, **kwargs):
+            calls.append(1)
+            record(*args, **kwargs)
+            if len(calls) == 1:
+                raise DatabaseUnavailableError("server closed the connection unexpectedly")
+
+        monkeypatch.setattr(store, "record_step", committed_then_lost)
+        sink.log_step(step_report(1, reward=1.0))
+        assert calls == [1]  # found recorded: not written again
+        assert len(store.samples(run.id, split="train", step=1)) == 1
+    finally:
+        store.close()

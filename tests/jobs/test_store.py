@@ -134,8 +134,7 @@ def test_one_prompts_samples_and_the_steps_it_was_sampled_at(store):
     for step in (1, 2, 3):
         store.record_step(run.id, step_report(step, reward=float(step)))
     other = SampleRecord("train", 1, 0, "3+3?", "6", 1.0)
-    again = step_report(2, reward=2.0)
-    store.record_step(run.id, replace(again, samples=[*again.samples, other]))
+    store.record_step(run.id, StepReport(step=2, metrics={}, samples=[other]))
     assert store.sample_steps(run.id, "train", prompt="3+3?") == [2]
     assert store.sample_steps(run.id, "train", prompt="2+2?") == [1, 2, 3]
     assert store.sample_steps(run.id, "eval", prompt="2+2?") == []
@@ -143,17 +142,14 @@ def test_one_prompts_samples_and_the_steps_it_was_sampled_at(store):
     assert store.samples(run.id, split="train", step=2, prompt="3+3?") == [other]
 
 
-def test_a_step_written_again_replaces_its_samples_and_keeps_the_other_splits(store):
-    """What a retried write (a commit whose answer was lost with the connection) or a
-    rewritten step does: the step's samples of the report's splits are the report's."""
+def test_a_step_is_found_recorded_by_its_own_wall_time(store):
+    """What the database sink asks before it writes a step again after a lost answer."""
     run = make_run(store)
     report = step_report(1, reward=1.0)
-    evaluation = SampleRecord("eval", 0, 0, "2+2?", "4", 0.0)
-    store.record_step(run.id, replace(report, samples=[*report.samples, evaluation]))
+    assert not store.step_recorded(run.id, report)
     store.record_step(run.id, report)
-    store.record_step(run.id, report)
-    assert store.samples(run.id, split="train", step=1) == report.samples
-    assert store.samples(run.id, split="eval", step=1) == [evaluation]
+    assert store.step_recorded(run.id, report)
+    assert not store.step_recorded(run.id, replace(report, wall_time=report.wall_time + 1))
 
 
 def test_each_samples_reward_and_cost_of_the_members_round_trip(store):
