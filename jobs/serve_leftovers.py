@@ -90,8 +90,9 @@ def _process(pid: int | None, marker: str) -> psutil.Process | None:
 
 
 def serve_alive(note: ServeNote) -> bool:
-    """Whether the serve that wrote `note` still runs (then nothing of it is a leftover)."""
-    return _process(note.serve_pid, "eslab") is not None
+    """Whether the serve that wrote `note` still runs (then nothing of it is a leftover):
+    `eslab serve` or `python -m app.cli serve`."""
+    return _process(note.serve_pid, " serve") is not None
 
 
 def head_process(head: Head) -> psutil.Process | None:
