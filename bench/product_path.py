@@ -121,6 +121,12 @@ def main() -> int:
     }
     env.pop("RAY_ADDRESS", None)
     results: dict[str, Any] = {"preset": args.preset, "steps": args.steps, "options": args.options}
+    earlier = (read_private(DASHBOARD_FILE) or "").strip()
+    if earlier and answers(earlier):
+        raise StageFailed(
+            f"a dashboard already answers at {earlier} (an earlier eslab serve): stop it "
+            "first, or serve_up_s would time that one"
+        )
     eslab("db", "upgrade", env=env)
     store = Store(db_url)
     log = (out / "serve.log").open("w")
