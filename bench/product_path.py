@@ -123,10 +123,12 @@ def main() -> int:
     results: dict[str, Any] = {"preset": args.preset, "steps": args.steps, "options": args.options}
     earlier = (read_private(DASHBOARD_FILE) or "").strip()
     if earlier and answers(earlier):
-        raise StageFailed(
-            f"a dashboard already answers at {earlier} (an earlier eslab serve): stop it "
-            "first, or serve_up_s would time that one"
+        print(
+            f"FAILED: a dashboard already answers at {earlier} (an earlier eslab serve): "
+            "stop it first, or serve_up_s would time that one",
+            flush=True,
         )
+        return 1
     eslab("db", "upgrade", env=env)
     store = Store(db_url)
     log = (out / "serve.log").open("w")
