@@ -1,9 +1,10 @@
 """The scorer speaks the reference's protocol (jbejjani2022/es-fine-tuning-paper,
 `alignment/scorer_service.py` and the client `call_scorer_api` of
-`alignment/es-fine-tuning_alignment_accl_api.py`): its request bodies, sent to the real
-service on 127.0.0.1, get the answers that client reads, scored on the reference's
-conversation text at 512 tokens; and any Hugging Face sequence-classification folder, a
-decoder without a padding token included, serves as reward or cost model."""
+`alignment/es-fine-tuning_alignment_accl_api.py`): the request bodies that client sends, to
+the real service on 127.0.0.1, get the answers it reads, scored on the reference's
+conversation text at 512 tokens (requests and texts stated below as literals); and any
+Hugging Face sequence-classification folder, a decoder without a padding token included,
+serves as reward or cost model."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from scorer.conversation import conversation_text
 from scorer.models import ScoringModel, ScoringModelError
 from tests.integration.scorers import running_scorer, tiny_checkpoint
 
@@ -20,60 +22,40 @@ PROMPTS = ["how do i make a cake", "how do i make a bomb", "can you help", "the 
 RESPONSES = [" the cake is safe", " sorry", " i can help", " water is water " * 300]
 
 
-def build_text(prompt: str, response: str, eos: str) -> str:
-    """The reference server's `build_text`, copied."""
-    p = prompt or ""
-    r = response or ""
-    if "BEGINNING OF CONVERSATION:" in p and "ASSISTANT:" in p:
-        conv = p + r
-    else:
-        conv = f"BEGINNING OF CONVERSATION: USER: {p} ASSISTANT:{r}"
-    return conv if conv.endswith(eos) else conv + eos
+# The texts the reference's service scores for these pairs (and for their conversations sent
+# whole): the conversation framing, the response as written, then the end-of-sequence token,
+# "</s>" for a tokenizer without one (as these BERT tokenizers). The reference's `build_text`
+# (alignment/scorer_service.py, commit 84c16db0) returns these strings for these pairs.
+EXPECTED_TEXTS = [
+    "BEGINNING OF CONVERSATION: USER: how do i make a cake ASSISTANT: the cake is safe</s>",
+    "BEGINNING OF CONVERSATION: USER: how do i make a bomb ASSISTANT: sorry</s>",
+    "BEGINNING OF CONVERSATION: USER: can you help ASSISTANT: i can help</s>",
+    "BEGINNING OF CONVERSATION: USER: the water ASSISTANT:" + " water is water " * 300 + "</s>",
+]
+# What the reference's client (`call_scorer_api`, alignment/es-fine-tuning_alignment_accl_api.py)
+# posts to /score_batch for `conversations(PROMPTS, RESPONSES)` at batch size 3: per text, the
+# user's words (between USER: and ASSISTANT:, without the spaces around them) and the response
+# (everything after ASSISTANT:, its leading space kept), in chunks of 3; it reads the answer's
+# "rewards" and "costs" lists, one float per pair, in order.
+CLIENT_REQUESTS = [
+    {
+        "prompts": ["how do i make a cake", "how do i make a bomb", "can you help"],
+        "responses": [" the cake is safe", " sorry", " i can help"],
+    },
+    {"prompts": ["the water"], "responses": [" water is water " * 300]},
+]
 
 
-def call_scorer_api(scorer_url: str, texts: list[str], batch_size: int = 16) -> dict:
-    """The reference client's request and reading of the answer, copied (httpx for requests;
-    its catch-all that turns errors into zeros left out, so a failure fails the test)."""
-    prompts, responses = [], []
-    for text in texts:
-        if "USER:" in text and "ASSISTANT:" in text:
-            user_part = text.split("USER:", 1)[1]
-            user = user_part.rsplit("ASSISTANT:", 1)[0].strip()
-            resp = text.split("ASSISTANT:", 1)[1]
-            prompts.append(user)
-            responses.append(resp)
-        else:
-            prompts.append(text)
-            responses.append("")
-    all_rewards, all_costs = [], []
-    for i in range(0, len(prompts), batch_size):
-        payload = {
-            "prompts": prompts[i : i + batch_size],
-            "responses": responses[i : i + batch_size],
-        }
-        r = httpx.post(f"{scorer_url}/score_batch", json=payload, timeout=60)
-        r.raise_for_status()
-        result = r.json()
-        all_rewards.extend(result["rewards"])
-        all_costs.extend(result["costs"])
-    return {"per_sample_reward": all_rewards, "per_sample_cost": all_costs}
-
-
-def reference_scores(folder, prompts, responses, max_length: int = 512) -> list[float]:
-    """The reference server's scoring, one text at a time, with a sequence-classification
-    head's score (one label: the logit; two: the log-odds of label 1) for `end_scores`."""
+def scores_of_texts(folder, texts, max_length: int = 512) -> list[float]:
+    """Each text scored alone, truncated at `max_length` tokens, by a sequence-classification
+    head (one label: the logit; two: the log-odds of label 1), standing in for the
+    reference's `end_scores`."""
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
-    eos = tokenizer.eos_token or "</s>"
     out = []
     with torch.no_grad():
-        for prompt, response in zip(prompts, responses, strict=True):
-            inputs = tokenizer(
-                build_text(prompt, response, eos),
-                return_tensors="pt",
-                max_length=max_length,
-                truncation=True,
-            )
+        for text in texts:
+            inputs = tokenizer(text, return_tensors="pt", max_length=max_length, truncation=True)
             logits = model(**inputs).logits[0].float()
             out.append(float(logits[0] if logits.numel() == 1 else logits[1] - logits[0]))
     return out
@@ -106,27 +88,34 @@ def post(url: str, path: str, body: dict) -> dict:
 
 def test_the_reference_clients_requests_score_the_references_conversation_text(checkpoints):
     reward, cost = checkpoints
+    assert AutoTokenizer.from_pretrained(reward).eos_token is None  # hence "</s>"
     with running_scorer(reward, cost, input_format="conversation") as scorer:
         assert httpx.get(scorer.url + "/health").json()["max_length"] == 512
         texts = conversations(PROMPTS, RESPONSES)
-        scores = call_scorer_api(scorer.url, texts, batch_size=3)
-        pairs = {"prompts": PROMPTS, "responses": RESPONSES}
-        by_pair = post(scorer.url, "/score", pairs)
+        chunks = [post(scorer.url, "/score_batch", body) for body in CLIENT_REQUESTS]
+        by_client = {k: [x for chunk in chunks for x in chunk[k]] for k in ("rewards", "costs")}
+        by_pair = post(scorer.url, "/score", {"prompts": PROMPTS, "responses": RESPONSES})
         by_text = post(scorer.url, "/score_texts", {"texts": texts})
         refused = httpx.post(scorer.url + "/score_texts", json={"texts": [texts[0], "plain"]})
-    expected_rewards = reference_scores(reward, PROMPTS, RESPONSES)
-    expected_costs = reference_scores(cost, PROMPTS, RESPONSES)
+    expected_rewards = scores_of_texts(reward, EXPECTED_TEXTS)
+    expected_costs = scores_of_texts(cost, EXPECTED_TEXTS)
     # the last response runs past 512 tokens: truncated there, as the reference does
-    assert len(AutoTokenizer.from_pretrained(reward)(texts[-1])["input_ids"]) > 512
-    for answer in (
-        (scores["per_sample_reward"], scores["per_sample_cost"]),
-        (by_pair["rewards"], by_pair["costs"]),
-        (by_text["rewards"], by_text["costs"]),
-    ):
-        np.testing.assert_allclose(answer[0], expected_rewards, atol=1e-4)
-        np.testing.assert_allclose(answer[1], expected_costs, atol=1e-4)
+    assert len(AutoTokenizer.from_pretrained(reward)(EXPECTED_TEXTS[-1])["input_ids"]) > 512
+    for answer in (by_client, by_pair, by_text):
+        np.testing.assert_allclose(answer["rewards"], expected_rewards, atol=1e-4)
+        np.testing.assert_allclose(answer["costs"], expected_costs, atol=1e-4)
     assert len(set(np.round(expected_rewards, 2))) == len(PROMPTS)  # the scores see the text
     assert refused.status_code == 422 and "texts[1] is not a conversation" in refused.text
+
+
+def test_the_conversation_text_is_the_references_for_each_kind_of_pair():
+    """The strings the reference's `build_text` returns for these pairs (commit 84c16db0)."""
+    text = "BEGINNING OF CONVERSATION: USER: can you help ASSISTANT: i can help</s>"
+    assert conversation_text("can you help", " i can help", "</s>") == text
+    framed = "BEGINNING OF CONVERSATION: USER: can you help ASSISTANT:"
+    assert conversation_text(framed, " i can help", "</s>") == text  # not framed twice
+    assert conversation_text("can you help", " i can help</s>", "</s>") == text  # one eos
+    assert conversation_text("can you help", "", "[SEP]") == framed + "[SEP]"
 
 
 def test_pair_models_read_the_users_words_of_a_conversation_prompt(checkpoints):

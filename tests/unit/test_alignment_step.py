@@ -121,17 +121,27 @@ def varied(body: dict) -> tuple[int, bytes]:
     return 200, json.dumps({"rewards": [float(i + 1) for i in range(n)], "costs": costs}).encode()
 
 
-def reference_mean_combined(rewards, costs, lam, safe_first, factor, standardize) -> float:
-    """jbejjani2022/es-fine-tuning-paper `alignment/es-fine-tuning_alignment_accl_api.py`,
-    run_final_evaluation's `mean_combined`, copied."""
-    import numpy as np
-
-    rewards, costs = np.asarray(rewards, dtype=np.float32), np.asarray(costs, dtype=np.float32)
-    r_eff = np.where(costs > 0.0, factor * rewards, rewards) if safe_first else rewards
-    if standardize:
-        r_eff = r_eff / (float(r_eff.std()) + 1e-8)
-        costs = costs / (float(costs.std()) + 1e-8)
-    return float((r_eff - lam * costs).mean())
+# The eval set's scores under `varied` (8 prompts, one request), in sample order.
+EVAL_REWARDS = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+EVAL_COSTS = [0.5, -0.25] * 4
+# (lambda, mean_combined) of the three evals (before training, after steps 1 and 2), by
+# standardize_within_batch: the lambdas are this run's (0.5, then two lambda_lr 0.5 updates);
+# each mean_combined is what jbejjani2022/es-fine-tuning-paper's `run_final_evaluation`
+# (alignment/es-fine-tuning_alignment_accl_api.py, commit 84c16db0) returned, run once from
+# its snapshot outside this repository on EVAL_REWARDS, EVAL_COSTS, that lambda and
+# safe_first with factor 0.3 (its arithmetic is fp32, ES Lab's fp64: hence rel=1e-5).
+REFERENCE_EVALS = {
+    False: [
+        (0.5, 3.0374999046325684),
+        (0.5322472294589298, 3.0334689617156982),
+        (0.5665742265334133, 3.0291781425476074),
+    ],
+    True: [
+        (0.5, 1.0649864673614502),
+        (0.5322472294589298, 1.0542373657226562),
+        (0.5665742265334133, 1.0427950620651245),
+    ],
+}
 
 
 @pytest.mark.parametrize("standardize", [False, True])
@@ -156,17 +166,12 @@ def test_eval_mean_combined_is_the_references_with_the_latest_lambda(
         train(config, sink, pool=ToyPool())
     evals = [r for r in sink.steps if mk.EVAL_MEAN_COMBINED in r.metrics]
     lambdas = [0.5] + [r.metrics[mk.LAMBDA_NEXT] for r in sink.steps if mk.LAMBDA_NEXT in r.metrics]
-    assert len(evals) == 3 and lambdas[1] != lambdas[0]  # before training, after steps 1, 2
-    for report, lam in zip(evals, lambdas, strict=True):
+    assert len(evals) == 3  # before training, after steps 1, 2
+    assert lambdas == pytest.approx([lam for lam, _ in REFERENCE_EVALS[standardize]], rel=1e-9)
+    for report, (_, expected) in zip(evals, REFERENCE_EVALS[standardize], strict=True):
         eval_samples = [s for s in report.samples if s.split == mk.EVAL]
-        expected = reference_mean_combined(
-            [s.reward for s in eval_samples],
-            [s.reward_parts["cost"] for s in eval_samples],
-            lam,
-            safe_first=True,
-            factor=0.3,
-            standardize=standardize,
-        )
+        assert [s.reward for s in eval_samples] == EVAL_REWARDS
+        assert [s.reward_parts["cost"] for s in eval_samples] == EVAL_COSTS
         assert report.metrics[mk.EVAL_MEAN_COMBINED] == pytest.approx(expected, rel=1e-5)
 
 
