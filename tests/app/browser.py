@@ -24,6 +24,27 @@ CHROMIUM_ARGS = [
 ]
 
 
+class PatientBrowser:
+    """A Playwright browser whose new pages and contexts wait WAIT_MS by default (30 s is
+    Playwright's): a click or a navigation on a loaded CI machine takes longer."""
+
+    def __init__(self, browser: object) -> None:
+        self.browser = browser
+
+    def new_page(self, **options: object) -> object:
+        page = self.browser.new_page(**options)
+        page.set_default_timeout(WAIT_MS)
+        return page
+
+    def new_context(self, **options: object) -> object:
+        context = self.browser.new_context(**options)
+        context.set_default_timeout(WAIT_MS)
+        return context
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.browser, name)
+
+
 def playwright_or_skip():
     """The playwright.sync_api module; skips the calling module without it or Chromium."""
     api = pytest.importorskip(

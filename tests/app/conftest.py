@@ -158,10 +158,19 @@ def clear_streamlit_caches() -> None:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    """Debian's Chromium under Playwright, one per test module (skips without them)."""
-    from tests.app.browser import CHROMIUM, CHROMIUM_ARGS, playwright_or_skip
+    """Debian's Chromium under Playwright, one per test module (skips without them), whose
+    pages wait WAIT_MS for anything: a click, a navigation, an expectation."""
+    from tests.app.browser import (
+        CHROMIUM,
+        CHROMIUM_ARGS,
+        WAIT_MS,
+        PatientBrowser,
+        playwright_or_skip,
+    )
 
-    with playwright_or_skip().sync_playwright() as p:
+    api = playwright_or_skip()
+    api.expect.set_options(timeout=WAIT_MS)
+    with api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
+        yield PatientBrowser(browser)
         browser.close()

@@ -110,7 +110,7 @@ def test_serve_schedules_refuses_a_second_scheduler_and_stops_cleanly(
         assert first.said(f"made a Ray token for this user in {token}")
         assert stat.S_IMODE(token.stat().st_mode) == 0o600
         assert_ray_asks_for_the_token(ray_url, token.read_text())
-        wait_for(lambda: sqlite_store.get_run(run.id).step >= 2, 60, "the run to make steps")
+        wait_for(lambda: sqlite_store.get_run(run.id).step >= 2, 180, "the run to make steps")
         assert_listens_on_loopback_only(first.process.pid)
 
         second = Serve(sqlite_url, home=home)
@@ -150,7 +150,7 @@ def test_a_serve_killed_outright_leaves_its_successor_its_head_port_and_lock(
     note = None
     try:
         wait_for(first.dashboard_answers, 90, "the dashboard")
-        wait_for(lambda: sqlite_store.get_run(run.id).step >= 2, 60, "the run to make steps")
+        wait_for(lambda: sqlite_store.get_run(run.id).step >= 2, 180, "the run to make steps")
         note = read_note(database)
         assert note is not None and note.head is not None and note.dashboard_pid is not None
         first.process.kill()  # SIGKILL to serve alone, as the OOM killer sends it
@@ -198,7 +198,7 @@ def test_a_ray_head_that_dies_under_serve_is_replaced_and_its_run_fails_naming_r
     heads = []
     try:
         wait_for(serve.dashboard_answers, 90, "the dashboard")
-        wait_for(lambda: sqlite_store.get_run(first.id).step >= 2, 60, "the run to make steps")
+        wait_for(lambda: sqlite_store.get_run(first.id).step >= 2, 180, "the run to make steps")
         old = read_note(database).head
         heads.append(old)
         for process in ray_processes_of(old.temp_dir):
