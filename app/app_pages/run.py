@@ -70,7 +70,7 @@ def status() -> None:
     if places := engine_places(events):
         label = "Engine" if len(places) == 1 else f"{len(places)} engines"
         st.caption(f"{label}: " + " · ".join(inert(p) for p in places))
-    silent = stale_for(current, HEARTBEAT_TIMEOUT)
+    silent = stale_for(current, HEARTBEAT_TIMEOUT, store.database_now())
     if silent:
         st.warning(
             f"No heartbeat from this run's worker for {silent}: it may be gone. `eslab serve` "
