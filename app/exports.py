@@ -1,18 +1,24 @@
 """Full-resolution downloads of a run and a sweep's table (what `eslab export` writes), built
 only when the user clicks (deferred download data), never on a rerun, and their file names;
-a checkpoint as a tar streamed to a file or stdout, for `eslab export --checkpoint`.
+a checkpoint as a tar, produced chunk by chunk, for `eslab export --checkpoint` (to a file or
+stdout) and for the dashboard's download route (app/checkpoint_route.py).
 
 Streamlit holds whatever a download button serves whole in the server's memory (a callable's
 file too is read into bytes, once per click). So the dashboard builds a run's JSON only up to
 MAX_RUN_JSON_MB (checked in the database before anything is loaded), its metrics CSV from the
-metrics alone, and never a checkpoint: the Run page names the `eslab export` command that
-streams one from the server instead."""
+metrics alone, and never a checkpoint through a button: the Run page links to the route,
+which streams the tar, and names the `eslab export` command that writes it on the server."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import stat
 import tarfile
+from collections.abc import Iterator
 from dataclasses import asdict
+from pathlib import Path
 from typing import BinaryIO
 
 import pandas as pd
@@ -25,6 +31,12 @@ from jobs.store.store import Store
 from jobs.sweeps.driver import sweep_table
 
 MAX_RUN_JSON_MB = 32
+TAR_CHUNK_BYTES = MIB
+"""How much of a checkpoint's file one chunk of its tar holds: all a download holds at once."""
+
+
+class NoCheckpoint(LookupError):
+    """The run has no checkpoint of that step on this machine; the message says which it has."""
 
 
 def run_json_refusal(store: Store, run_id: int) -> str | None:
@@ -75,17 +87,83 @@ def file_name(run: RunRecord, suffix: str, part: str = "") -> str:
     return safe_file_name(f"run-{run.id}-{run.name}{'-' + part if part else ''}", suffix)
 
 
+def checkpoint_file_name(run: RunRecord, step: int) -> str:
+    """The name of the tar of checkpoint `step` of `run`, downloaded or written."""
+    return file_name(run, ".tar", f"step-{step}")
+
+
 def checkpoint_command(run: RunRecord, step: int) -> str:
     """The command that writes checkpoint `step` of `run` as a tar, on the server."""
-    return (
-        f"eslab export {run.id} --checkpoint {step} --out {file_name(run, '.tar', f'step-{step}')}"
-    )
+    return f"eslab export {run.id} --checkpoint {step} --out {checkpoint_file_name(run, step)}"
 
 
-def write_checkpoint_tar(path: str, out: BinaryIO) -> None:
-    """Checkpoint folder `path` as an uncompressed tar (weights barely compress) written to
-    `out` as a stream, file by file, so that no more than tar's buffer is held at once.
-    Links stay links: what they point to is neither read nor archived."""
-    folder = resolve_path(path)
-    with tarfile.open(fileobj=out, mode="w|") as tar:
-        tar.add(folder, arcname=folder.name)
+def checkpoint_folder(store: Store, run: RunRecord, step: int) -> Path:
+    """The folder of `run`'s checkpoint of `step`, as the store recorded it (never a path
+    someone typed); NoCheckpoint when the run recorded none of that step or it is gone."""
+    recorded = store.checkpoints(run.id)
+    found = [c.path for c in recorded if c.step == step]
+    if not found:
+        steps = ", ".join(str(c.step) for c in recorded) or "none yet"
+        raise NoCheckpoint(
+            f"run {run.id} has no checkpoint of step {step} (its checkpoints: {steps})"
+        )
+    folder = resolve_path(found[0])
+    if not folder.is_dir():
+        raise NoCheckpoint(
+            f"the checkpoint of step {step} of run {run.id} is not on this machine ({folder})"
+        )
+    return folder
+
+
+def write_checkpoint_tar(folder: Path, out: BinaryIO) -> None:
+    """checkpoint_tar_chunks(folder) written to `out`."""
+    for chunk in checkpoint_tar_chunks(folder):
+        out.write(chunk)
+
+
+def checkpoint_tar_chunks(folder: Path) -> Iterator[bytes]:
+    """Checkpoint `folder` as an uncompressed tar (weights barely compress), the folder under
+    its own name, as the chunks of a stream: each member's header, then its file at most
+    TAR_CHUNK_BYTES at a time, so that a checkpoint of any size costs one chunk of memory.
+    tarfile makes the headers (long names, hard links) and the index of hard links; the
+    walk is tar's: a folder's entries sorted by name, links stay links (what they point to
+    is neither read nor archived), sockets and the like are left out."""
+    written = 0
+    with tarfile.open(fileobj=io.BytesIO(), mode="w") as index:  # headers only: nothing kept
+        for source, arcname in _tar_entries(folder, folder.name):
+            info = index.gettarinfo(str(source), arcname)
+            if info is None:
+                continue
+            header = info.tobuf(index.format, index.encoding, index.errors)
+            yield header
+            written += len(header)
+            if info.isreg():
+                yield from _file_chunks(source, info.size)
+                padding = -info.size % tarfile.BLOCKSIZE
+                yield tarfile.NUL * padding
+                written += info.size + padding
+    end = 2 * tarfile.BLOCKSIZE
+    yield tarfile.NUL * (end + (-(written + end) % tarfile.RECORDSIZE))
+
+
+def _tar_entries(path: Path, arcname: str) -> Iterator[tuple[Path, str]]:
+    yield path, arcname
+    if path.is_dir() and not path.is_symlink():
+        for name in sorted(os.listdir(path)):
+            yield from _tar_entries(path / name, f"{arcname}/{name}")
+
+
+def _file_chunks(path: Path, size: int) -> Iterator[bytes]:
+    """The first `size` bytes of regular file `path`, a chunk at a time; opened without
+    following a link, so a file swapped for a link after its header was made is not read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(f"{path} is no longer a regular file")
+        left = size
+        while left:
+            chunk = f.read(min(left, TAR_CHUNK_BYTES))
+            if not chunk:
+                raise OSError(f"{path} shrank while it was being archived")
+            left -= len(chunk)
+            yield chunk

@@ -1,10 +1,15 @@
 """What `eslab serve` runs with `streamlit run`: the dashboard (app/main.py) as an ASGI app
-with the dataset upload route beside it, on the same address, and Streamlit's own upload
-endpoint closed to tabs that have not logged in (app/upload_route.py)."""
+with the routes beside it, on the same address: the dataset upload (app/upload_route.py)
+and the checkpoint download (app/checkpoint_route.py); Streamlit's own upload endpoint is
+closed to tabs that have not logged in (app/upload_route.py)."""
 
 import streamlit as st
 from starlette.middleware import Middleware
 
-from app.upload_route import ROUTES, LoginBeforeUpload
+from app import checkpoint_route, upload_route
 
-app = st.App("main.py", routes=ROUTES, middleware=[Middleware(LoginBeforeUpload)])
+app = st.App(
+    "main.py",
+    routes=[*upload_route.ROUTES, *checkpoint_route.ROUTES],
+    middleware=[Middleware(upload_route.LoginBeforeUpload)],
+)

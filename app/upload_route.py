@@ -8,7 +8,7 @@ a tab that has not logged in. Larger datasets come through DATASETS_ROUTE instea
 
     PUT /api/datasets/NAME.parquet      Authorization: Bearer TICKET      body: the file
 
-The ticket (app.upload_tickets, minted by the New run page for an editor) is checked from
+The ticket (app.tickets, minted by the New run page for an editor) is checked from
 the headers, then the declared size; only then is the body read, chunk by chunk, into the
 uploads folder (engine.data.uploads.UploadWriter: capped, validated, renamed into place,
 nothing left on failure). UPLOAD_PAGE is a page with a file picker that sends the file so,
@@ -28,7 +28,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import auth
-from app.upload_tickets import FORBIDDEN, TicketError, verify
+from app.tickets import FORBIDDEN, UPLOAD, Purpose, TicketError, verify
 from engine.data.datasets import DatasetError
 from engine.data.uploads import MIB, UploadWriter, max_upload_mb, too_large
 from engine.paths import config_path
@@ -52,12 +52,12 @@ async def put_dataset(request: Request) -> Response:
     """Keep the body as a dataset, for the editor whose ticket the request carries."""
     name = request.path_params["name"]
     try:
-        verify(_ticket(request))
+        verify(bearer_ticket(request, UPLOAD), UPLOAD)
         _check_declared_size(request, name)
     except TicketError as exc:
-        return _refusal(str(exc), exc.status)
+        return refusal(str(exc), exc.status)
     except DatasetError as exc:
-        return _refusal(str(exc), TOO_LARGE)
+        return refusal(str(exc), TOO_LARGE)
     try:
         with UploadWriter(name) as upload:
             async for chunk in request.stream():
@@ -65,14 +65,18 @@ async def put_dataset(request: Request) -> Response:
             kept = await anyio.to_thread.run_sync(upload.keep)  # reads it: not on the loop
     except DatasetError as exc:
         status = TOO_LARGE if "ESLAB_MAX_UPLOAD_MB" in str(exc) else BAD_REQUEST
-        return _refusal(str(exc), status)
+        return refusal(str(exc), status)
     return JSONResponse({"train_file": config_path(kept.path), "rows": kept.rows})
 
 
-def _ticket(request: Request) -> str:
+def bearer_ticket(request: Request, purpose: Purpose) -> str:
+    """The ticket of the request's `Authorization: Bearer` header; TicketError (401)
+    without one."""
     scheme, _, ticket = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not ticket.strip():
-        raise TicketError("an upload needs `Authorization: Bearer TICKET` (the New run page)")
+        raise TicketError(
+            f"a {purpose.name} needs `Authorization: Bearer TICKET` (from {purpose.where})"
+        )
     return ticket.strip()
 
 
@@ -85,8 +89,8 @@ def _check_declared_size(request: Request, name: str) -> None:
         raise DatasetError(too_large(name, int(declared), limit))
 
 
-def _refusal(message: str, status: int) -> Response:
-    """The answer to a refused upload; the connection closes, so an unread body is dropped
+def refusal(message: str, status: int) -> Response:
+    """The answer to a refused request; the connection closes, so an unread body is dropped
     by the server instead of being read to reach the next request."""
     return PlainTextResponse(message, status_code=status, headers={"Connection": "close"})
 
@@ -135,7 +139,7 @@ class LoginBeforeUpload:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         match = STREAMLIT_UPLOAD.search(scope.get("path", "")) if scope["type"] == "http" else None
         if match and scope.get("method") == "PUT" and not logged_in(match.group(1)):
-            await _refusal("log in to upload files", FORBIDDEN)(scope, receive, send)
+            await refusal("log in to upload files", FORBIDDEN)(scope, receive, send)
             return
         await self.app(scope, receive, send)
 

@@ -1,4 +1,5 @@
-"""Small helpers the pages share: URL state, run labels and table rows, and how text that
+"""Small helpers the pages share: URL state, tickets for the routes beside the dashboard,
+run labels and table rows, and how text that
 people wrote (run names, tags, errors, completions, file names) is shown: as text.
 
 Streamlit renders Markdown in titles, captions, alerts and widget labels: a run named
@@ -15,9 +16,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import streamlit as st
 
+from app import auth, tickets
 from jobs.outcome import LOG_TAIL
 from jobs.store.records import RunRecord
 
@@ -118,6 +121,20 @@ def set_param(name: str, value: str | Sequence[str] | None) -> None:
         st.query_params.pop(name, None)
     elif st.query_params.get(name) != str(value):
         st.query_params[name] = str(value)
+
+
+def page_origin() -> str:
+    """`scheme://host:port` of the dashboard as this tab reached it ("" when unknown): the
+    routes beside the dashboard answer on the same address."""
+    url = urlsplit(st.context.url or "")
+    return f"{url.scheme}://{url.netloc}" if url.netloc else ""
+
+
+def tab_ticket(purpose: tickets.Purpose, subject: str = "") -> str:
+    """A ticket of this tab's login (auth.LOCAL_USER's when logins are off) for `purpose` on
+    `subject` (app/tickets.py)."""
+    session = st.session_state.get(auth.SESSION_KEY) if auth.auth_path() else None
+    return tickets.mint(session or tickets.local_session(), purpose, subject)
 
 
 def inert(text: object) -> str:

@@ -1,25 +1,29 @@
 """When a live run's worker counts as gone: its last sign of life (the heartbeat, else the
 start) is older than the heartbeat timeout (ESLAB_HEARTBEAT_TIMEOUT_S, the scheduler's
 setting). One rule for the scheduler, which ends such a run, and for the dashboard and
-`eslab runs`, which mark it stale while no scheduler runs to end it."""
+`eslab runs`, which mark it stale while no scheduler runs to end it. Heartbeats are written
+in the database's time, so each caller passes `now` from Store.database_now(), never this
+host's clock: a host whose clock is off would otherwise call a beating run stale, or a dead
+one alive."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from jobs.store.records import RunRecord
 from jobs.store.status import LIVE
 
 
-def silent_seconds(run: RunRecord, now: datetime | None = None) -> float | None:
-    """Seconds since the run's worker last showed life; None unless the run is live."""
+def silent_seconds(run: RunRecord, now: datetime) -> float | None:
+    """Seconds from the run's worker's last sign of life to `now` (the database's time);
+    None unless the run is live."""
     last = run.heartbeat_at or run.started_at
     if run.status not in LIVE or last is None:
         return None
-    return ((now or datetime.now(UTC)) - last).total_seconds()
+    return (now - last).total_seconds()
 
 
-def stale_for(run: RunRecord, timeout: float, now: datetime | None = None) -> str | None:
+def stale_for(run: RunRecord, timeout: float, now: datetime) -> str | None:
     """How long the live run's worker has been silent, in words, once that is past the
     timeout; None otherwise. Without `eslab serve`, nothing ends a run whose worker was
     killed: this is how the dashboard and `eslab runs` tell it."""
@@ -27,7 +31,7 @@ def stale_for(run: RunRecord, timeout: float, now: datetime | None = None) -> st
     return None if silent is None or silent <= timeout else in_words(silent)
 
 
-def status_label(run: RunRecord, timeout: float, now: datetime | None = None) -> str:
+def status_label(run: RunRecord, timeout: float, now: datetime) -> str:
     """The run's status, marked stale once its worker is silent past the timeout."""
     stale = stale_for(run, timeout, now)
     return (

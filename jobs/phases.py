@@ -72,9 +72,9 @@ def phase_of(store: Store, run: RunRecord) -> Phase | None:
     return current_phase(run, store.events(run.id)) if run.status is RunStatus.RUNNING else None
 
 
-def status_text(run: RunRecord, phase: Phase | None, timeout: float) -> str:
-    """The run's status (marked stale when its worker fell silent), with the phase a running
-    run is in and for how long: `running: starting engine (42 s)`. The Runs page and
-    `eslab runs` say it alike."""
-    text = status_label(run, timeout)
+def status_text(run: RunRecord, phase: Phase | None, timeout: float, now: datetime) -> str:
+    """The run's status (marked stale when its worker fell silent by `now`, the database's
+    time), with the phase a running run is in and for how long: `running: starting engine
+    (42 s)`. The Runs page and `eslab runs` say it alike."""
+    text = status_label(run, timeout, now)
     return f"{text}: {phase.name} ({in_words(phase.seconds())})" if phase else text

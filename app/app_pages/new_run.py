@@ -7,13 +7,12 @@ starts from another run's config. Below the form, the Sweep section (app/sweep_f
 starts a sweep over the form's configuration instead; `?sweep=1` opens with it on."""
 
 import uuid
-from urllib.parse import urlsplit
 
 import streamlit as st
 
-from app import actions, auth, forms, presets_view, sweep_form, upload_route, upload_tickets
+from app import actions, auth, forms, presets_view, sweep_form, tickets, upload_route
 from app.state import get_store
-from app.views import id_param, inert, param, show_error
+from app.views import id_param, inert, page_origin, param, show_error, tab_ticket
 from engine.config import ConfigError, config_fields
 from engine.data.uploads import FORM_UPLOAD_MB, max_upload_mb
 from engine.filenames import safe_file_name
@@ -75,13 +74,9 @@ def _reward() -> None:
 
 def _larger_upload() -> None:
     """The upload page's link and a curl command, each with a ticket of this tab's login
-    (app/upload_tickets.py): the dataset goes to disk as it arrives, never into memory."""
-    session = st.session_state.get(auth.SESSION_KEY) if auth.auth_path() else None
-    ticket = upload_tickets.mint(session or upload_tickets.local_session())
-    url = urlsplit(st.context.url or "")
-    origin = f"{url.scheme}://{url.netloc}" if url.netloc else ""
-    page, curl = upload_route.upload_links(origin, ticket)
-    minutes = upload_tickets.TICKET_TTL_S // 60
+    (app/tickets.py): the dataset goes to disk as it arrives, never into memory."""
+    page, curl = upload_route.upload_links(page_origin(), tab_ticket(tickets.UPLOAD))
+    minutes = tickets.TICKET_TTL_S // 60
     with st.expander(f"Upload a larger dataset (up to {max_upload_mb()} MiB)"):
         st.link_button("Open the upload page", page, icon=":material/upload:")
         st.caption(

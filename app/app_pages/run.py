@@ -1,12 +1,14 @@
 """Run (`?run=ID`): status and actions (and, for a sweep's run, a link to its sweep), live
 charts (a fragment that refreshes itself while the run is live), and tabs for configuration,
-samples, LBES, events and checkpoints."""
+samples, LBES, events, checkpoints (each a download link, app/checkpoints_view.py) and
+exports."""
 
 import pandas as pd
 import streamlit as st
 
 from app import actions, exports, report, run_charts
 from app.alignment_view import alignment_view
+from app.checkpoints_view import checkpoints_tab
 from app.samples_view import Scope, lbes_view, sample_inspector
 from app.state import get_store
 from app.views import (
@@ -24,8 +26,6 @@ from app.views import (
     show_run_error,
     smoothing_param,
 )
-from engine.paths import resolve_path
-from engine.trainer.checkpoints import best_checkpoint
 from jobs.liveness import in_words, stale_for
 from jobs.phases import current_phase, engine_places
 from jobs.scheduler import SchedulerSettings
@@ -70,7 +70,7 @@ def status() -> None:
     if places := engine_places(events):
         label = "Engine" if len(places) == 1 else f"{len(places)} engines"
         st.caption(f"{label}: " + " · ".join(inert(p) for p in places))
-    silent = stale_for(current, HEARTBEAT_TIMEOUT)
+    silent = stale_for(current, HEARTBEAT_TIMEOUT, store.database_now())
     if silent:
         st.warning(
             f"No heartbeat from this run's worker for {silent}: it may be gone. `eslab serve` "
@@ -148,36 +148,7 @@ with events_tab:
     else:
         st.info("No events yet.")
 with ckpt_tab:
-    ckpts = store.checkpoints(run.id)
-    if ckpts:
-        output_dir = run.config.get("output_dir")
-        best = best_checkpoint(resolve_path(output_dir)) if output_dir else None
-        rows = [{**c.__dict__, "best": resolve_path(c.path) == best} for c in ckpts]
-        st.dataframe(pd.DataFrame(rows), hide_index=True, placeholder=MISSING)
-        on_disk = [c for c in ckpts if resolve_path(c.path).is_dir()]
-        if on_disk:
-            chosen = st.selectbox(
-                "Checkpoint",
-                on_disk,
-                index=len(on_disk) - 1,
-                format_func=lambda c: (
-                    f"step {c.step}: {c.path}" + (" (best)" if resolve_path(c.path) == best else "")
-                ),
-            )
-            st.caption(
-                "The dashboard does not serve checkpoints (Streamlit would hold each download "
-                "whole in the server's memory). On the server, this writes it as a tar "
-                "(without `--out`, to stdout: `ssh SERVER eslab export ... > FILE.tar`):"
-            )
-            st.code(exports.checkpoint_command(run, chosen.step), language="bash")
-            if not (resolve_path(chosen.path) / "config.json").is_file():
-                st.caption(
-                    "A cancel's checkpoint: the fp32 master weights and the trainer "
-                    "state, what `eslab resume` needs, without the Hugging Face "
-                    "folder (the final model has it)."
-                )
-    else:
-        st.info("No checkpoints yet.")
+    checkpoints_tab(store, run)
 with export_tab:
     too_large = exports.run_json_refusal(store, run.id)
     if too_large:

@@ -111,12 +111,13 @@ def table_and_actions(refreshing: bool) -> None:
     reward = mk.reward_key(mk.TRAIN)
     lines = store.sparklines(ids, reward, points=30)
     best = store.best_metrics(ids, mk.reward_key(mk.EVAL))
+    now = store.database_now()  # the clock the heartbeats were written in
     table = pd.DataFrame(
         [
             {
                 "id": r.id,
                 "name": r.name,
-                "status": status_text(r, phase_of(store, r), HEARTBEAT_TIMEOUT),
+                "status": status_text(r, phase_of(store, r), HEARTBEAT_TIMEOUT, now),
                 "method": r.method,
                 "mode": mode(r),
                 "model": model_name(r),

@@ -1,6 +1,6 @@
 """`eslab export`: every metric, population row and sample of a run, unsampled, as one JSON
 document, a folder of CSV files, or a self-contained HTML report; with `--checkpoint`, one
-of its checkpoints as a tar (what the dashboard does not serve); with `--sweep`, a sweep's
+of its checkpoints as a tar (what the Run page's download link streams); with `--sweep`, a sweep's
 runs, one row each, as CSV, JSON or an HTML report that ranks them."""
 
 from __future__ import annotations
@@ -100,25 +100,25 @@ def _export_html(store: Store, args: argparse.Namespace) -> int:
 
 def export_checkpoint(args: argparse.Namespace) -> int:
     """The run's checkpoint of step --checkpoint as a tar streamed to --out or stdout, a file
-    at a time: a checkpoint of any size costs this process no more than tar's buffer."""
-    from app.exports import write_checkpoint_tar
-    from engine.paths import resolve_path
+    at a time: a checkpoint of any size costs this process one chunk (app.exports)."""
+    from app.exports import NoCheckpoint, checkpoint_folder, write_checkpoint_tar
 
     with open_store() as store:
         run = store.get_run(args.run)
-        found = [c.path for c in store.checkpoints(run.id) if c.step == args.checkpoint]
-    if not found or not resolve_path(found[0]).is_dir():
-        print_error(f"run {run.id} has no checkpoint of step {args.checkpoint} on this machine")
-        return 1
+        try:
+            folder = checkpoint_folder(store, run, args.checkpoint)
+        except NoCheckpoint as exc:
+            print_error(str(exc))
+            return 1
     if args.out in (None, "-"):
         if sys.stdout.isatty():
             print_error("a tar is not for a terminal: give --out FILE.tar or redirect stdout")
             return 2
-        write_checkpoint_tar(found[0], sys.stdout.buffer)
+        write_checkpoint_tar(folder, sys.stdout.buffer)
         sys.stdout.buffer.flush()
         return 0
     with open(args.out, "wb") as out:
-        write_checkpoint_tar(found[0], out)
+        write_checkpoint_tar(folder, out)
     print(
         f"wrote the checkpoint of step {args.checkpoint} of run {run.id} to {args.out}",
         file=sys.stderr,

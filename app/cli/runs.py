@@ -105,7 +105,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
         return 2
     with open_store() as store:
         runs = store.list_runs(limit=args.limit)
-        statuses = [status_text(r, phase_of(store, r), timeout) for r in runs]
+        now = store.database_now()  # the clock the heartbeats were written in
+        statuses = [status_text(r, phase_of(store, r), timeout, now) for r in runs]
     if not runs:
         print("no runs yet; `eslab submit CONFIG.yaml` queues one")
         return 0

@@ -3,8 +3,8 @@ in: on the dashboard as `eslab serve` starts it (app/server.py under `streamlit 
 Streamlit's upload endpoint refuses a tab that never logged in before reading the body, and
 takes at most FORM_UPLOAD_MB from anyone; the dataset route refuses a request without a
 valid editor's ticket after its headers, and keeps a ticketed parquet in data/uploads. The
-tickets themselves (app/upload_tickets.py): forged, expired, a viewer's, a removed user's,
-one minted before a password change are refused."""
+tickets themselves (app/tickets.py): forged, expired, a viewer's, a removed user's, one
+minted before a password change, one for another purpose are refused."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from streamlit.proto.BackMsg_pb2 import BackMsg
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 from websockets.sync.client import connect
 
-from app import auth, upload_route, upload_tickets
-from app.upload_tickets import TicketError
+from app import auth, tickets, upload_route
+from app.tickets import UPLOAD, TicketError
 from engine.data.uploads import FORM_UPLOAD_MB, uploads_dir
 from engine.paths import PROJECT_ROOT
 from jobs.service import dashboard_command
@@ -187,8 +187,8 @@ def route_put(base: str, ticket: str | None, length: int, name: str = "d.parquet
     )
 
 
-def ticket_of(name: str) -> str:
-    return upload_tickets.mint(auth.signed_in(auth.load_users(auth.auth_path())[name]))
+def ticket_of(name: str, purpose: tickets.Purpose = UPLOAD, subject: str = "") -> str:
+    return tickets.mint(auth.signed_in(auth.load_users(auth.auth_path())[name]), purpose, subject)
 
 
 def test_the_route_refuses_a_body_without_a_ticket_before_reading_it(same_data):
@@ -251,15 +251,15 @@ def logins(editor_and_viewer, data_folder) -> Path:
 
 def test_a_ticket_names_an_editor_as_the_file_has_them_now(logins):
     ticket = ticket_of("ed")
-    assert upload_tickets.verify(ticket).name == "ed"
+    assert tickets.verify(ticket, UPLOAD).name == "ed"
     with pytest.raises(TicketError, match="expired") as info:
-        upload_tickets.verify(ticket, now=upload_tickets.time.time() + 16 * 60)
+        tickets.verify(ticket, UPLOAD, now=tickets.time.time() + 16 * 60)
     assert info.value.status == 401
     auth.add_user(logins, "ed", "viewer", "editor-pass")  # demoted
     with pytest.raises(TicketError, match="ed was removed or changed password"):
-        upload_tickets.verify(ticket)  # a new hash: the old login's fingerprint is gone
+        tickets.verify(ticket, UPLOAD)  # a new hash: the old login's fingerprint is gone
     with pytest.raises(TicketError, match="ed is a viewer") as info:
-        upload_tickets.verify(ticket_of("ed"))
+        tickets.verify(ticket_of("ed"), UPLOAD)
     assert info.value.status == 403
 
 
@@ -269,11 +269,24 @@ def test_a_forged_ticket_is_refused(logins):
     payload["u"] = "ed"
     forged = base64.urlsafe_b64encode(json.dumps(payload).encode()).decode().rstrip("=")
     for ticket in (f"{forged}.{signature}", "", "x" * 5000, "é.é"):
-        with pytest.raises(TicketError, match="not a valid upload ticket"):
-            upload_tickets.verify(ticket)
+        with pytest.raises(TicketError, match="not a valid dataset upload ticket"):
+            tickets.verify(ticket, UPLOAD)
+
+
+def test_a_ticket_opens_only_its_purpose_and_subject(logins):
+    """An upload ticket opens no download and a download ticket no upload; a download
+    ticket opens only the checkpoint it names."""
+    download = ticket_of("ed", tickets.DOWNLOAD, "run 1 step 2")
+    assert tickets.verify(download, tickets.DOWNLOAD, "run 1 step 2").name == "ed"
+    for purpose, subject in ((UPLOAD, ""), (tickets.DOWNLOAD, "run 1 step 3")):
+        with pytest.raises(TicketError, match="this ticket is not for this") as info:
+            tickets.verify(download, purpose, subject)
+        assert info.value.status == 401
+    with pytest.raises(TicketError, match="not for this checkpoint download"):
+        tickets.verify(ticket_of("ed"), tickets.DOWNLOAD, "")
 
 
 def test_the_signing_key_is_private(logins):
     ticket_of("ed")
-    key = logins.parent / "private" / upload_tickets.KEY_FILE
+    key = logins.parent / "private" / tickets.KEY_FILE
     assert key.stat().st_mode & 0o077 == 0

@@ -80,13 +80,13 @@ def test_a_viewer_cannot_upload_a_dataset(store, dataset):
 def test_an_editor_is_offered_the_route_for_larger_datasets(store):
     """The form's uploader takes what Streamlit may hold (1 MiB); a larger dataset goes
     through the upload route with a ticket of this editor's, as a link and a curl command."""
-    from app import upload_route, upload_tickets
+    from app import tickets, upload_route
 
     at = new_run_page(EDITOR)
     assert at.file_uploader(key="new_parquet").max_upload_size_mb == 1
     [command] = [c.value for c in at.code if upload_route.DATASETS_ROUTE in c.value]
     ticket = command.split("Bearer ")[1].split("'")[0]
-    assert upload_tickets.verify(ticket).name == EDITOR
+    assert tickets.verify(ticket, tickets.UPLOAD).name == EDITOR
     viewer = new_run_page(VIEWER)
     assert not [c for c in viewer.code if upload_route.DATASETS_ROUTE in c.value]
 

@@ -1,9 +1,9 @@
 """What one viewer's request may cost the dashboard: Compare takes a bounded number of runs,
 each once; the exports load only what they serve (metrics alone for the CSV, a run's JSON
-only up to MAX_RUN_JSON_MB); a checkpoint is never served from memory but streamed by
-`eslab export --checkpoint`; an uploaded space file is refused over its cap before it is
-decoded; a step in the address that is not plain ASCII digits shows the latest step, and a
-search for one finds no id."""
+only up to MAX_RUN_JSON_MB); a checkpoint is never served from memory but streamed (by
+`eslab export --checkpoint` here, by the download route in test_checkpoint_route.py); an
+uploaded space file is refused over its cap before it is decoded; a step in the address that
+is not plain ASCII digits shows the latest step, and a search for one finds no id."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def checkpoint(store: Store, tmp_path: Path) -> Path:
     return folder
 
 
-def test_the_run_page_names_the_command_for_a_checkpoint_instead_of_serving_it(store, tmp_path):
+def test_the_run_page_serves_no_checkpoint_through_a_download_button(store, tmp_path):
     checkpoint(store, tmp_path)
     at = page("app_pages/run.py", run="1")
     assert not at.exception, at.exception
