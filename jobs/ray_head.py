@@ -125,8 +125,16 @@ class LocalHead:
 class Cluster:
     """The Ray cluster a serve schedules on: RAY_ADDRESS's, or this serve's own head."""
 
-    address: str
+    ray_address: str | None = None  # RAY_ADDRESS, when the cluster is not this serve's
     local: LocalHead | None = None
+
+    @property
+    def address(self) -> str:
+        """Where Ray's job server answers: the local head's, which `revive` may change."""
+        if self.local is not None:
+            return self.local.address
+        assert self.ray_address is not None
+        return self.ray_address
 
     @property
     def owned(self) -> bool:
@@ -144,8 +152,7 @@ class Cluster:
             flush=True,
         )
         self.local.stop()
-        self.address = self.local.start()
-        return self.address
+        return self.local.start()
 
 
 @contextmanager
@@ -167,13 +174,13 @@ def ray_cluster(
     if os.environ.get("RAY_ADDRESS"):
         if token_auth:
             refuse_open_cluster(os.environ["RAY_ADDRESS"])
-        yield Cluster(os.environ["RAY_ADDRESS"])
+        yield Cluster(ray_address=os.environ["RAY_ADDRESS"])
         return
     local = LocalHead(num_cpus, object_store_bytes, token_auth, notes)
     try:
         if leftover_head is None or not local.adopt(leftover_head):
             local.start()
-        yield Cluster(local.address, local)
+        yield Cluster(local=local)
     finally:
         local.stop()
 
