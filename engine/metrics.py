@@ -80,6 +80,16 @@ def reward_key(split: str, part: str = "reward", stat: str = "mean") -> str:
     return f"{split}/{part}/{stat}"
 
 
+ACCURACY = "accuracy"
+"""The reward part that says whether a completion is correct: 1 or 0. A reward function
+declares it by returning it (the built-in countdown and GSM8K rewards do; ES at Scale's
+countdown derives it as answer_reward > 0, as its evaluation scripts count a solved puzzle),
+and its mean is then reported like any part's, on the eval set the accuracy the papers
+report, which a sweep may take as its objective."""
+TRAIN_ACCURACY = reward_key(TRAIN, ACCURACY)  # over every member's completions of the step
+EVAL_ACCURACY = reward_key(EVAL, ACCURACY)  # the share of eval prompts solved
+
+
 COMPLETION_STATS = (
     "mean_length",
     "min_length",

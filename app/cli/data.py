@@ -24,17 +24,41 @@ def config_out(text: str) -> str:
     return str(resolve_path(text))
 
 
+REFERENCE_DATA = (
+    "countdown and gsm8k write ES Lab's own prompts, not the references' texts. To train on "
+    "a reference's exact data, use its own files: nlp-waseda/lbes's shipped "
+    "data/countdown3 and data/gsm8k train.parquet and test.parquet load as they are (name them "
+    "as train_file and eval_file), and ES at Scale's archive/countdown/data/countdown.json "
+    "converts with its own prompts and splits: eslab data countdown --format es-at-scale "
+    "--input FILE."
+)
+
+
 def add_commands(commands: argparse._SubParsersAction) -> None:
-    data = commands.add_parser("data", help="generate or convert datasets")
+    data = commands.add_parser(
+        "data", help="generate or convert datasets", description=REFERENCE_DATA
+    )
     data_cmds = data.add_subparsers(dest="data_command", required=True, metavar="DATASET")
-    countdown = data_cmds.add_parser("countdown", help="seeded, always-solvable countdown splits")
+    countdown = data_cmds.add_parser(
+        "countdown",
+        help="seeded, always-solvable countdown splits with ES Lab's own prompts, or ES at "
+        "Scale's own countdown.json converted (--input); nlp-waseda/lbes's shipped parquet "
+        "files are its faithful data and load as they are",
+        description=REFERENCE_DATA,
+    )
     countdown.add_argument(
         "--format",
         choices=COUNTDOWN_FORMATS,
         default="lbes",
-        help="lbes: nlp-waseda/lbes's chat prompts, 8192/1024 puzzles; es-at-scale: ES at "
-        "Scale's raw prompts ending in <think> (prompt_format: raw), 200/2000 puzzles of 3 or "
-        "4 numbers, also as its countdown.json",
+        help="lbes: chat prompts in nlp-waseda/lbes's form, 8192/1024 puzzles; es-at-scale: "
+        "raw prompts ending in <think> (prompt_format: raw), 200/2000 puzzles of 3 or 4 "
+        "numbers, also as its countdown.json layout",
+    )
+    countdown.add_argument(
+        "--input",
+        help="es-at-scale only: your copy of ES at Scale's "
+        "archive/countdown/data/countdown.json (2200 puzzles), converted instead of "
+        "generating: its first 200 train and its last 2000 test, with its own prompts",
     )
     countdown.add_argument(
         "--n-given-numbers",
@@ -47,9 +71,15 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     )
     countdown.add_argument("--n-train", type=int, help="lbes: 8192, es-at-scale: 200")
     countdown.add_argument("--n-test", type=int, help="lbes: 1024, es-at-scale: 2000")
-    countdown.add_argument("--seed", type=int, default=42)
+    countdown.add_argument("--seed", type=int, help="of generated puzzles (default 42)")
     countdown.set_defaults(func=cmd_data_countdown)
-    gsm8k = data_cmds.add_parser("gsm8k", help="convert a local GSM8K .jsonl file")
+    gsm8k = data_cmds.add_parser(
+        "gsm8k",
+        help="convert a local GSM8K .jsonl file, with ES Lab's own system prompt; "
+        "nlp-waseda/lbes's shipped data/gsm8k parquet files are its faithful data and load "
+        "as they are",
+        description=REFERENCE_DATA,
+    )
     gsm8k.add_argument("--input", required=True, help="GSM8K jsonl: question, answer ... #### N")
     gsm8k.add_argument("--out", required=True, type=config_out, help="parquet file" + OUT_HELP)
     gsm8k.set_defaults(func=cmd_data_gsm8k)
@@ -100,12 +130,14 @@ def countdown_data(args: argparse.Namespace) -> WriteResult:
     from engine.data import countdown, countdown_es_at_scale
     from engine.data.datasets import DatasetError
 
+    if args.input is not None:
+        return _converted_countdown(args)
     if args.format == "es-at-scale":
         return countdown_es_at_scale.generate_countdown_es_at_scale(
             args.out,
             n_train=_given(args.n_train, countdown_es_at_scale.DEFAULT_N_TRAIN),
             n_test=_given(args.n_test, countdown_es_at_scale.DEFAULT_N_TEST),
-            seed=args.seed,
+            seed=_given(args.seed, countdown_es_at_scale.DEFAULT_SEED),
             n_given_numbers=args.n_given_numbers,
         )
     elif args.n_given_numbers is None:
@@ -118,7 +150,33 @@ def countdown_data(args: argparse.Namespace) -> WriteResult:
         args.out,
         n_train=_given(args.n_train, countdown.DEFAULT_N_TRAIN),
         n_test=_given(args.n_test, countdown.DEFAULT_N_TEST),
-        seed=args.seed,
+        seed=_given(args.seed, countdown.DEFAULT_SEED),
+    )
+
+
+def _converted_countdown(args: argparse.Namespace) -> WriteResult:
+    """`--input FILE`: ES at Scale's own file, whose puzzles are given, not drawn."""
+    from engine.data import countdown_es_at_scale
+    from engine.data.countdown_es_at_scale_file import convert_countdown_es_at_scale
+    from engine.data.datasets import DatasetError
+
+    if args.format != "es-at-scale":
+        raise DatasetError(
+            "eslab data countdown --input reads ES at Scale's countdown.json: give --format "
+            "es-at-scale (nlp-waseda/lbes's own parquet files need no conversion: name them as "
+            "train_file and eval_file)"
+        )
+    drawn = [name for name in ("n_given_numbers", "seed") if getattr(args, name) is not None]
+    if drawn:
+        options = ", ".join("--" + name.replace("_", "-") for name in drawn)
+        raise DatasetError(
+            f"{options} only apply to generated puzzles; --input converts the file's as they are"
+        )
+    return convert_countdown_es_at_scale(
+        args.input,
+        args.out,
+        n_train=_given(args.n_train, countdown_es_at_scale.DEFAULT_N_TRAIN),
+        n_test=_given(args.n_test, countdown_es_at_scale.DEFAULT_N_TEST),
     )
 
 

@@ -16,6 +16,8 @@ Differences from the reference:
   split on its own, so they may overlap).
 - Each puzzle keeps the expression it was built from as its solution (in `metadata`), and
   the countdown reward checks that it scores as correct, so every puzzle is solvable.
+- The system prompt is ES Lab's own text, not the reference's. For LBES's exact data, its
+  shipped `data/countdown3/train.parquet` and `test.parquet` load as they are.
 """
 
 from __future__ import annotations

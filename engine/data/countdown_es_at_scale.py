@@ -7,16 +7,25 @@ from 1-99 (repeats allowed), about half each; the target is text, an integer fro
 for 2119 puzzles and otherwise negative, above 100 or a non-integer such as "27.4", written
 as Python prints the value of the solution; the solution is fully parenthesised, such as
 "((44 + 19) + 35)"; and `context` is the raw prompt, with no chat template, ending in
-"<think>" (CONTEXT below, the numbers printed as NumPy prints an array).
+"<think>", the numbers printed as NumPy prints an array (its scripts read them back from
+there).
 
-That file cannot be downloaded here, so this module writes puzzles of the same kind: the
-count of numbers drawn 3 or 4, the numbers uniform in 1-99, the solution a random expression
-over all of them (engine.data.countdown.random_expression, operators drawn uniformly), and
-the target its value; a puzzle is off the 1-100 grid with the reference's share (81 of 2200),
-within +-MAX_ABS_TARGET. No (sorted numbers, target) appears twice, and every solution is
-checked to score as correct under the reference's grader (engine.rewards.countdown_es_at_scale);
-in the reference's file 19 puzzles have no solution and 15 list one over other numbers.
-The splits are the reference's: the first 200 puzzles train, the next 2000 test.
+The reference's own file converts as it is (engine.data.countdown_es_at_scale_file, `eslab
+data countdown --format es-at-scale --input FILE`), with its own prompts: that is the route to
+its experiment. Without it, this module writes puzzles of the same kind: the count of numbers
+drawn 3 or 4, the numbers uniform in 1-99, the solution a random expression over all of them
+(engine.data.countdown.random_expression, operators drawn uniformly), and the target its
+value; a puzzle is off the 1-100 grid with the reference's share (81 of 2200), within
++-MAX_ABS_TARGET. No (sorted numbers, target) appears twice, and every solution is checked to
+score as correct under the reference's grader (engine.rewards.countdown_es_at_scale); in the
+reference's file 19 puzzles have no solution and 15 list one over other numbers. The splits
+are the reference's: the first 200 puzzles train, the next 2000 test. The distribution of
+targets and operators differs from the reference's file (docs/algorithms.md, "Tasks and
+rewards").
+
+The prompt is ES Lab's own text (PROMPT), not the reference's: of the same form (raw text
+asking for <think> and <answer> blocks, ending in "<think>", the numbers first in brackets as
+NumPy prints them, so the reference's scripts can read this countdown.json).
 
 Written to a folder: `countdown.json` in the reference's layout (train then test, so the
 reference's own scripts, which take [0:200] and [-2000:], read it), and `train.parquet` and
@@ -53,14 +62,15 @@ MAX_ABS_TARGET = 3000
 MAX_DRAWS = 100_000
 JSON_NAME = "countdown.json"
 
-CONTEXT = (
-    "You are a helpful assistant. You first think about the reasoning process in your mind "
-    "and then provide the user with the answer.Using the numbers {numbers}, create an "
-    "equation that equals {target}. You can use basic arithmetic operations (+, -, *, /) and "
-    "each number can only be used once. Show your work in <think> </think> tags. And return "
-    "the final answer in <answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>."
-    "Let me solve this step by step.\n<think>"
+PROMPT = (
+    "Countdown puzzle. Numbers: {numbers}. Target: {target}.\n"
+    "Write one arithmetic expression that uses each of the numbers exactly once, with +, -, * "
+    "and / and parentheses, and whose value is the target. Think it over between <think> and "
+    "</think>, then give the expression alone between <answer> and </answer>, for instance "
+    "<answer> (7 - 2) * 3 </answer>.\n<think>"
 )
+"""ES Lab's countdown prompt in ES at Scale's form: raw text ending in "<think>", which the
+grader's format check puts back in front of the completion."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +140,8 @@ def numbers_text(numbers: list[int]) -> str:
 
 
 def context(numbers: list[int], target: str) -> str:
-    return CONTEXT.format(numbers=numbers_text(numbers), target=target)
+    """ES Lab's prompt of one puzzle."""
+    return PROMPT.format(numbers=numbers_text(numbers), target=target)
 
 
 def _new_item(

@@ -1,11 +1,13 @@
 """GSM8K to an ES Lab dataset.
 
 Converts a local file in the GSM8K JSON-lines format (one {"question": ..., "answer": ...}
-object per line, the answer ending in "#### <number>") into the dataset format, as
-nlp-waseda/lbes `src/data_preprocessing/gsm8k.py` does from the Hugging Face copy
-(docs/algorithms.md, "Tasks and rewards"): a system prompt asking for
-<think></think> and <answer></answer>, the question as the user message, and
-`reward_func_args = {"ground_truth": <text after the last ####>}`, commas stripped.
+object per line, the answer ending in "#### <number>") into the dataset format, in the form
+of nlp-waseda/lbes `src/data_preprocessing/gsm8k.py` (docs/algorithms.md, "Tasks and
+rewards"): a system prompt asking for <think></think> and <answer></answer>, the question as
+the user message, and `reward_func_args = {"ground_truth": <text after the last ####>}`,
+commas stripped. The system prompt is ES Lab's own text (SYSTEM_PROMPT), not the reference's:
+for LBES's exact data, its shipped `data/gsm8k/train.parquet` and `test.parquet` load as they
+are (engine.data.datasets reads their struct columns).
 
 No dataset hub is reachable here, so the input is a file the user provides. A final answer
 that is not an integer is refused: the gsm8k reward only reads integers, so that problem

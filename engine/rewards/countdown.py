@@ -26,6 +26,8 @@ from collections import Counter
 from collections.abc import Iterable
 from fractions import Fraction
 
+from engine import metrics as mk
+
 FORMAT_REWARD = 0.1  # the reference's `format` part of a well-formed answer
 
 # DOTALL: the think block spans lines. The tag counts are checked separately, because the
@@ -118,5 +120,5 @@ def compute_score(completion_text: str, *, target: int, numbers: Iterable[int]) 
     return {
         "reward": format_part + accuracy,
         "format": format_part,
-        "accuracy": accuracy,
+        mk.ACCURACY: accuracy,
     }

@@ -13,6 +13,10 @@
   and its value as Python computes it is within 1e-5 of the target; else 0.0. The target may
   be a non-integer ("27.4") and is given as a number or as the reference's string.
 - reward = 0.1 * format_reward + answer_reward (at most 1.1).
+- `accuracy` (engine.metrics.ACCURACY) = 1.0 when answer_reward > 0, else 0.0: the reference's
+  evaluation scripts (`archive/eval_countdown.py`, `archive/eval_countdown_vllm.py`) count a
+  puzzle as solved so, and its paper's Table 1 reports that share; here it is a reward part,
+  so every evaluation reports it as `eval/accuracy/mean`.
 
 The reference computes the value with `eval`; here the expression is parsed and computed
 node by node with Python's own operators, so every value, rounding and error (a division by
@@ -32,6 +36,8 @@ import operator
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from engine import metrics as mk
 
 FORMAT_WEIGHT = 0.1
 TOLERANCE = 1e-5
@@ -164,7 +170,7 @@ def as_target(value: Any) -> float | int:
     return int(number) if isinstance(value, str) and number.is_integer() else number
 
 
-def _as_numbers(numbers: Iterable[Any]) -> list[int]:
+def as_numbers(numbers: Iterable[Any]) -> list[int]:
     numbers = list(numbers)
     if any(type(n) is not int for n in numbers):
         raise ValueError(f"numbers must be whole numbers, got {numbers!r}")
@@ -178,9 +184,10 @@ def compute_score(
     target: int | float | str,
     format_prefix: str = THINK_PREFIX,
 ) -> dict[str, float]:
-    """{"reward": 0.1 * format_reward + answer_reward, "format_reward", "answer_reward"}; the
-    part names are the reference's, whose format_reward is on a 0-1 scale."""
-    given = _as_numbers(numbers)
+    """{"reward": 0.1 * format_reward + answer_reward, "format_reward", "answer_reward",
+    "accuracy"}; the first part names are the reference's, whose format_reward is on a 0-1
+    scale, and accuracy is answer_reward > 0 as 0 or 1."""
+    given = as_numbers(numbers)
     goal = as_target(target)
     format_part = format_reward(format_prefix + completion_text)
     answer_part = answer_reward(completion_text, given, goal)
@@ -188,4 +195,5 @@ def compute_score(
         "reward": FORMAT_WEIGHT * format_part + answer_part,
         "format_reward": format_part,
         "answer_reward": answer_part,
+        mk.ACCURACY: 1.0 if answer_part > 0 else 0.0,
     }

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import re
 
+from engine import metrics as mk
+
 FORMAT_REWARD = 0.1  # the reference's `format` part of a well-formatted answer
 
 _COMPLETION = re.compile(r"^<think>.+</think>.*<answer>(-?[\d,]*\d)</answer>.*$", re.DOTALL)
@@ -40,5 +42,5 @@ def compute_score(completion_text: str, *, ground_truth: str | int) -> dict:
     return {
         "reward": format_part + accuracy,
         "format": format_part,
-        "accuracy": accuracy,
+        mk.ACCURACY: accuracy,
     }

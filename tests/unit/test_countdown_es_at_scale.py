@@ -61,6 +61,8 @@ def expected_of(row: dict[str, Any]) -> dict[str, float]:
         "reward": row["reward"],
         "format_reward": row["format_reward"],
         "answer_reward": row["answer_reward"],
+        # its evaluation scripts' "Accuracy (answer_reward > 0)"
+        "accuracy": float(row["answer_reward"] > 0),
     }
 
 
@@ -153,9 +155,15 @@ def test_the_reference_example_scores_as_the_reference_says():
         "reward": 1.1,
         "format_reward": 1.0,
         "answer_reward": 1.0,
+        "accuracy": 1.0,
     }
     partial = compute_score("<answer>(44 + 19) + 35</answer>", numbers=NUMBERS, target="98")
-    assert partial == {"reward": 0.1 * 0.5 + 1.0, "format_reward": 0.5, "answer_reward": 1.0}
+    assert partial == {
+        "reward": 0.1 * 0.5 + 1.0,
+        "format_reward": 0.5,
+        "answer_reward": 1.0,
+        "accuracy": 1.0,
+    }
 
 
 @pytest.mark.parametrize(
@@ -195,7 +203,12 @@ def test_the_format_prefix_is_a_per_row_argument():
     completion = "x</think>\n<answer>44+19+35</answer>"
     assert compute_score(completion, numbers=NUMBERS, target=98)["format_reward"] == 1.0
     scores = compute_score(completion, numbers=NUMBERS, target=98, format_prefix="")
-    assert scores == {"reward": 0.1 * 0.5 + 1.0, "format_reward": 0.5, "answer_reward": 1.0}
+    assert scores == {
+        "reward": 0.1 * 0.5 + 1.0,
+        "format_reward": 0.5,
+        "answer_reward": 1.0,
+        "accuracy": 1.0,
+    }
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,6 @@ from engine.presets import load_preset, preset_info
 from engine.rewards import check_arguments, load_reward_function
 from engine.rewards.countdown_es_at_scale import compute_score
 from engine.trainer.preflight import load_data
-from tests.unit.test_raw_prompts import COUNTDOWN
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_KEYS = ["id", "context", "numbers", "target", "solution"]
@@ -45,9 +44,14 @@ def eslab(*args: str) -> subprocess.CompletedProcess[str]:
 # --- the reference's own items ---------------------------------------------------------------
 
 
-def test_the_prompt_is_the_references_word_for_word():
-    """Item 0 of VsonicV/es-at-scale's countdown data."""
-    assert context([44, 19, 35], "98") == COUNTDOWN
+def test_the_prompt_is_es_labs_own_in_the_references_form():
+    """Raw text ending in "<think>" (the grader puts it back in front of the completion), the
+    numbers first in brackets as NumPy prints them (where the reference's scripts read them),
+    in ES Lab's words: the reference's own text comes only from a user's file."""
+    prompt = context([44, 19, 35], "98")
+    assert prompt.endswith("\n<think>")
+    assert prompt[prompt.index("[") + 1 : prompt.index("]")].split() == ["44", "19", "35"]
+    assert "Target: 98." in prompt
 
 
 @pytest.mark.parametrize(
@@ -97,7 +101,12 @@ def test_puzzles_are_like_the_references():
         assert re.fullmatch(r"\(.*\)", item.solution)  # fully parenthesised, as the reference
         completion = f"x</think>\n<answer>{item.solution}</answer>"
         score = compute_score(completion, numbers=item.numbers, target=item.target)
-        assert score == {"reward": 1.1, "format_reward": 1.0, "answer_reward": 1.0}
+        assert score == {
+            "reward": 1.1,
+            "format_reward": 1.0,
+            "answer_reward": 1.0,
+            "accuracy": 1.0,
+        }
 
 
 @pytest.mark.parametrize(
@@ -145,7 +154,7 @@ def test_the_command_writes_the_references_layout_and_split(tmp_path):
         assert [e.metadata for e in examples] == [
             {"id": item["id"], "solution": item["solution"]} for item in part
         ]
-    assert all(item["context"].endswith("step by step.\n<think>") for item in items)
+    assert all(item["context"] == context(item["numbers"], item["target"]) for item in items)
     again = tmp_path / "again"
     assert (
         eslab("data", "countdown", "--format", "es-at-scale", "--out", str(again)).returncode == 0

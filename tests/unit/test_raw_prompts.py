@@ -13,22 +13,16 @@ import pytest
 from engine.backends.base import Completion
 from engine.config import ConfigError, RunConfig
 from engine.data import DatasetError, Example, load_dataset, write_dataset
+from engine.data.countdown_es_at_scale import context
 from engine.prompts import render_prompt, user_text
 from engine.scoring.sources import RewardSources
 from engine.trainer.preflight import load_data
 from tests.integration.scorers import stub_scorer
 from tests.outputs import allow_temporary_outputs  # noqa: F401 (an autouse fixture)
 
-# ES at Scale's countdown prompt (VsonicV/es-at-scale, countdown data, item 0) and the
-# alignment fork's conversation form (jbejjani2022/es-fine-tuning-paper).
-COUNTDOWN = (
-    "You are a helpful assistant. You first think about the reasoning process in your mind "
-    "and then provide the user with the answer.Using the numbers [44 19 35], create an "
-    "equation that equals 98. You can use basic arithmetic operations (+, -, *, /) and each "
-    "number can only be used once. Show your work in <think> </think> tags. And return the "
-    "final answer in <answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>.Let "
-    "me solve this step by step.\n<think>"
-)
+# A countdown prompt in ES at Scale's form (raw text ending in "<think>", ES Lab's own words)
+# and the alignment fork's conversation form (jbejjani2022/es-fine-tuning-paper).
+COUNTDOWN = context([44, 19, 35], "98")
 CONVERSATION = "BEGINNING OF CONVERSATION: USER: How do I bake bread? ASSISTANT:"
 CHAT = [{"role": "user", "content": "Solve: 1 + 1 ="}]
 
