@@ -1,8 +1,8 @@
 """ES Lab's full-rank iteration against ES at Scale's own, side by side on one GPU.
 
     python3 bench/gpu/reference.py --reference SNAPSHOT_DIR MODEL_DIR [--population 32]
-        [--prompts 8] [--max-tokens 128] [--steps 2] [--engines 1] [--timeout 280]
-        [--sides eslab reference] [--json FILE]
+        [--prompts 8] [--max-tokens 128] [--steps 2] [--engines 1] [--budget 570]
+        [--reference-executor ray] [--sides eslab reference] [--json FILE]
 
 SNAPSHOT_DIR is a checkout of ES at Scale (VsonicV/es-at-scale; tested at 574a9d1): its
 modules are imported from there, never copied into this repository, and the patches it needs
@@ -16,10 +16,14 @@ a seed by engine.data.countdown_es_at_scale (ES at Scale's own data is not neede
 for every member; the same population and token budget (greedy, as both do); one warm-up
 iteration, then `--steps` timed ones. members/s = population / mean step seconds.
 
-Each side runs in its own process (ES Lab first) with its own timeout and log, next to the
-JSON; the JSON is written after each side, with a failed side's error, and a side not run
-this time is kept from an earlier file of the same settings (so the sides may also run as
-two commands). Exit 0 when ES Lab's side measured its step, else 1.
+Each side runs in its own process (ES Lab first) with its own log, next to the JSON, and its
+own timeout: an even share of `--budget` still left when it starts (570 s: the whole command
+within the GPU machine's 600 s a call; ES Lab ending early leaves its rest to ES at Scale).
+The JSON is written after each side, with a failed side's error, and a side not run this
+time is kept from an earlier file of the same settings (so the sides may also run as two
+commands). If ES at Scale's engine fails to start with its own vLLM executor ("ray"), it is
+tried once more with "uni" (listed as a patch, the first error kept). Exit 0 when ES Lab's
+side measured its step, else 1.
 """
 
 from __future__ import annotations
@@ -65,7 +69,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--memory", type=float, default=0.4, help="ES Lab's share of the GPU's memory"
     )
     parser.add_argument("--max-model-len", type=int, default=1024, help="ES Lab's engines")
-    parser.add_argument("--timeout", type=float, default=280.0, help="seconds a side may run")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=570.0,
+        help="seconds for all sides (each gets an even share of what is left when it starts)",
+    )
+    parser.add_argument(
+        "--reference-executor",
+        choices=("ray", "uni"),
+        default="ray",
+        help="vLLM executor of ES at Scale's engine: ray (its own; on failure it is tried "
+        "once more with uni) or uni (the model in its engine actor)",
+    )
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--json", type=Path)
     # a side's own process (run by this script)
@@ -84,6 +100,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     except SnapshotError as exc:
         parser.error(f"--reference: {exc}")
     return args
+
+
+def side_timeout(budget: float, spent: float, sides_left: int) -> float:
+    """An even share of the budget still left (a side that ends early leaves its rest to
+    the sides after it)."""
+    return max(budget - spent, 0.0) / sides_left
 
 
 def settings(args: argparse.Namespace) -> dict:
@@ -227,10 +249,14 @@ def run_side(name: str, argv: Sequence[str], data: Path, stem: Path, timeout: fl
 
 def write_puzzles(prompts: int) -> Path:
     """The shared prompts: `prompts` seeded countdown puzzles (countdown.json and
-    train.parquet) in a new folder."""
+    train.parquet) in a new folder of the data folder's cache (a run's train_file must lie
+    in the data folder)."""
     from engine.data.countdown_es_at_scale import generate_countdown_es_at_scale
+    from engine.paths import data_dir
 
-    folder = Path(tempfile.mkdtemp(prefix="reference-bench-"))
+    cache = data_dir() / "cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="reference-bench-", dir=cache))
     generate_countdown_es_at_scale(folder, n_train=prompts, n_test=1)
     return folder
 
@@ -247,10 +273,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = write_puzzles(args.prompts)
     stem = args.json.with_suffix("") if args.json else data / "reference"
     stem.parent.mkdir(parents=True, exist_ok=True)
-    for name in SIDES:
-        if name in args.sides:
-            results[name] = run_side(name, argv, data, stem, args.timeout)
-            write(summarize(results), args.json)
+    start = time.perf_counter()
+    todo = [name for name in SIDES if name in args.sides]
+    for done, name in enumerate(todo):
+        timeout = side_timeout(args.budget, time.perf_counter() - start, len(todo) - done)
+        results[name] = run_side(name, argv, data, stem, timeout)
+        write(summarize(results), args.json)
     for name in ("card", "vllm", "python"):
         found = [results[s][name] for s in SIDES if name in results.get(s, {})]
         results[name] = found[0] if found else None

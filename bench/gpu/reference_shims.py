@@ -33,6 +33,8 @@ USED_FILES = (
 MOVED = {"get_ip": "vllm.utils.network_utils", "get_open_port": "vllm.utils.network_utils"}
 """Names the trainer imports from vllm.utils, and where vLLM keeps them now."""
 SETUP_HOOK = "bench.gpu.reference_shims.worker_setup"
+EXECUTOR_SETTING = "ESLAB_REFERENCE_EXECUTOR"
+"""vLLM executor backend for the reference's engines in Ray's workers (unset: its own)."""
 
 
 class SnapshotError(Exception):
@@ -81,23 +83,49 @@ def vllm_import_shims() -> list[str]:
 
 def worker_setup() -> None:
     """Ray's worker_process_setup_hook: the import shims in every worker of the job, whose
-    engine actor imports the trainer module."""
+    engine actor imports the trainer module; and the executor of EXECUTOR_SETTING, if set."""
     vllm_import_shims()
+    if executor := os.environ.get(EXECUTOR_SETTING):
+        set_executor(executor)
+
+
+def set_executor(executor: str) -> list[str]:
+    """The trainer's engines with vLLM's `executor` backend instead of its "ray" (which runs
+    the model in a second Ray actor): set in this process (Ray's workers run it from
+    worker_setup when EXECUTOR_SETTING names it)."""
+    from es_at_scale.trainer.es_trainer import ESNcclLLM
+
+    original = ESNcclLLM.__init__
+
+    def init(self: object, *args: object, **kwargs: object) -> None:
+        kwargs["distributed_executor_backend"] = executor
+        original(self, *args, **kwargs)
+
+    ESNcclLLM.__init__ = init
+    return [
+        f"ESNcclLLM.__init__ wrapped: distributed_executor_backend={executor!r} instead of "
+        "'ray' (the model runs in the engine actor itself, one Ray hop less a step)"
+    ]
 
 
 def start_ray() -> list[str]:
-    """Ray as the trainer starts it (a local cluster, no dashboard), plus the set-up hook."""
+    """Ray as the trainer starts it (a local cluster, no dashboard), plus the set-up hook,
+    and as ES Lab starts its own on this machine (token mode, every server on 127.0.0.1)."""
     import ray
 
-    ray.init(
-        address="local",
-        include_dashboard=False,
-        runtime_env={"worker_process_setup_hook": SETUP_HOOK},
-    )
+    from engine.backends.ray_auth import local_cluster
+
+    with local_cluster():
+        ray.init(
+            address="local",
+            include_dashboard=False,
+            runtime_env={"worker_process_setup_hook": SETUP_HOOK},
+        )
     return [
         "ray.init(address='local', include_dashboard=False) before the trainer's own (which "
-        f"then returns at once), with worker_process_setup_hook {SETUP_HOOK}: the vllm.utils "
-        "shims in the Ray workers too"
+        f"then returns at once), with worker_process_setup_hook {SETUP_HOOK} (the vllm.utils "
+        "shims in the Ray workers too) and inside ES Lab's local_cluster() (Ray's token "
+        "mode, its servers on 127.0.0.1, as ES Lab's engines run here)"
     ]
 
 

@@ -31,6 +31,9 @@ SEED = 42
 """ES at Scale's train.py default --seed."""
 REWARD_TIMEOUT_S = 60
 """The trainer's default reward timeout."""
+FALLBACK_EXECUTOR = "uni"
+"""The executor of a second try when the trainer's own ("ray") fails to start here."""
+RAY_RESTART_WAIT_S = 5
 COUNTDOWN_JSON = "countdown.json"  # engine.data.countdown_es_at_scale.JSON_NAME
 
 
@@ -80,6 +83,25 @@ def member_seeds(iteration: int, population: int) -> list[int]:
     return [int(s) for s in rng.integers(0, 2**30, size=population)]
 
 
+def start_engines(executor: str) -> list[str]:
+    """Ray started for the trainer, its engines on vLLM's `executor` backend (the trainer's
+    own is "ray"); the patches that took."""
+    patches = []
+    if executor != "ray":
+        os.environ[shims.EXECUTOR_SETTING] = executor  # read by Ray's workers at their start
+        patches += shims.set_executor(executor)
+    return patches + shims.start_ray()
+
+
+def restart_ray() -> None:
+    """Ray and every process of its cluster gone (the failed trainer's detached placement
+    group, which holds the GPU, with them), and a moment for the GPU's memory to come back."""
+    import ray
+
+    ray.shutdown()
+    time.sleep(RAY_RESTART_WAIT_S)
+
+
 def run_reference(args: argparse.Namespace, data: Path, report: Report) -> None:
     """ES at Scale's trainer with one engine on the visible GPU: its engine launch, and its
     train_step (perturb, generate, restore and score member by member, then its update and
@@ -94,8 +116,6 @@ def run_reference(args: argparse.Namespace, data: Path, report: Report) -> None:
     # the trainer sets CUDA_VISIBLE_DEVICES to its use_gpus: keep the GPU this machine lends
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES") or "0"
     os.environ["CUDA_VISIBLE_DEVICES"] = gpus
-    record["patches"] += shims.start_ray()
-    report(record)
 
     from es_at_scale.reward_function.countdown_grader import countdown_reward_fn
     from es_at_scale.template_function.apply_template import countdown_template
@@ -104,33 +124,50 @@ def run_reference(args: argparse.Namespace, data: Path, report: Report) -> None:
     puzzles = json.loads((data / COUNTDOWN_JSON).read_text())[: args.prompts]
     contexts = [p["context"] for p in puzzles]
     targets = [{"numbers": p["numbers"], "target": p["target"]} for p in puzzles]
+
+    def build() -> EvolutionStrategiesTrainer:
+        return EvolutionStrategiesTrainer(
+            model_name=args.model,
+            checkpoint=None,
+            sigma=SIGMA,
+            alpha=SIGMA / 2,
+            population_size=args.population,
+            reward_shaping="z-scores",
+            num_iterations=args.steps + 1,
+            max_tokens=args.max_tokens,
+            batch_size=args.prompts,
+            mini_batch_size=args.prompts,  # one generate call a member, as ES Lab's
+            reward_function=countdown_reward_fn,
+            template_function=countdown_template,
+            train_dataloader=None,  # train_step is given the prompts
+            eval_dataloader_dict={},
+            eval_freq=args.steps + 2,
+            n_vllm_engines=1,
+            n_gpu_per_vllm_engine=1,
+            logging="none",
+            use_gpus=gpus,
+            global_seed=SEED,
+            output_directory=tempfile.mkdtemp(prefix="es-at-scale-"),
+            save_best_models=False,
+            experiment_name="bench-reference",
+            reward_function_timeout=REWARD_TIMEOUT_S,
+        )
+
+    record["patches"] += start_engines(args.reference_executor)
+    report(record)
     start = time.perf_counter()
-    trainer = EvolutionStrategiesTrainer(
-        model_name=args.model,
-        checkpoint=None,
-        sigma=SIGMA,
-        alpha=SIGMA / 2,
-        population_size=args.population,
-        reward_shaping="z-scores",
-        num_iterations=args.steps + 1,
-        max_tokens=args.max_tokens,
-        batch_size=args.prompts,
-        mini_batch_size=args.prompts,  # one generate call a member, as ES Lab's
-        reward_function=countdown_reward_fn,
-        template_function=countdown_template,
-        train_dataloader=None,  # train_step is given the prompts
-        eval_dataloader_dict={},
-        eval_freq=args.steps + 2,
-        n_vllm_engines=1,
-        n_gpu_per_vllm_engine=1,
-        logging="none",
-        use_gpus=gpus,
-        global_seed=SEED,
-        output_directory=tempfile.mkdtemp(prefix="es-at-scale-"),
-        save_best_models=False,
-        experiment_name="bench-reference",
-        reward_function_timeout=REWARD_TIMEOUT_S,
-    )
+    try:
+        trainer = build()
+    except Exception as exc:
+        if args.reference_executor != "ray":
+            raise
+        # its own executor failed on this vLLM: once more with the model in the engine actor
+        record[f"{args.reference_executor}_executor_error"] = f"{type(exc).__name__}: {exc}"
+        restart_ray()
+        record["patches"] += start_engines(FALLBACK_EXECUTOR)
+        report(record)
+        start = time.perf_counter()
+        trainer = build()
     record["start_s"] = time.perf_counter() - start
     count = shims.TokenCount(trainer)
     record["patches"].append(count.PATCH)

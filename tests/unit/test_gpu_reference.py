@@ -42,6 +42,7 @@ def test_defaults_are_the_issues_settings(snapshot: Path, model: Path) -> None:
         "engines": 1,
     }
     assert args.sides == ["eslab", "reference"]
+    assert args.reference_executor == "ray"  # the trainer's own
     assert args.tensor_parallel_size == 1  # what utilization.py's helpers read
 
 
@@ -85,6 +86,12 @@ def results(eslab: dict | None, ref: dict | None) -> dict:
     if ref is not None:
         out["reference"] = ref
     return out
+
+
+def test_each_side_gets_an_even_share_of_the_budget_left() -> None:
+    assert reference.side_timeout(570, 0, 2) == 285
+    assert reference.side_timeout(570, 170, 1) == 400  # ES Lab ended early
+    assert reference.side_timeout(570, 600, 1) == 0
 
 
 def test_members_per_second_and_ratio_leave_out_the_warm_up() -> None:
@@ -147,6 +154,24 @@ def test_the_vllm_shim_sets_only_what_is_missing(monkeypatch: pytest.MonkeyPatch
     assert utils.get_ip() == "127.0.0.1"
     assert utils.get_open_port() == 6000
     assert reference_shims.vllm_import_shims() == []
+
+
+def test_the_executor_patch_changes_only_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    class ESNcclLLM:  # stands in for the trainer's engine class
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            self.kwargs = kwargs
+
+    trainer = types.ModuleType("es_at_scale.trainer.es_trainer")
+    trainer.ESNcclLLM = ESNcclLLM
+    monkeypatch.setitem(sys.modules, "es_at_scale.trainer.es_trainer", trainer)
+    applied = reference_shims.set_executor("uni")
+    assert "distributed_executor_backend='uni'" in applied[0]
+    engine = ESNcclLLM(model="m", distributed_executor_backend="ray", dtype="bfloat16")
+    assert engine.kwargs == {
+        "model": "m",
+        "distributed_executor_backend": "uni",
+        "dtype": "bfloat16",
+    }
 
 
 def test_the_token_count_returns_the_trainers_result_unchanged() -> None:
