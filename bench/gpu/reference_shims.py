@@ -11,6 +11,9 @@ what was changed to get it.
   imports (with the trainer module, hence the import above): Ray is started before the
   trainer (the trainer's own `ray.init` then returns at once) with a worker set-up hook that
   applies the same shim in every worker process, and the snapshot on PYTHONPATH.
+- Only where the trainer's engine fails to start with its own vLLM executor ("ray", the
+  model in a second Ray actor) on this vLLM: its engine class is given "uni" instead, in the
+  driver and (through the same hook) in Ray's workers.
 """
 
 from __future__ import annotations
