@@ -63,13 +63,23 @@ def batched_tokens_per_s(pool: EnginePool, max_tokens: int) -> float:
     return sum(c.num_tokens for cs in out for c in cs) / seconds
 
 
-def es_config(args: argparse.Namespace, lora: bool) -> RunConfig:
+CONCISENESS = {
+    "train_file": str(TRAIN_FILE),
+    "reward_func_path": "engine.rewards.conciseness.compute_score",
+}
+"""The task of this benchmark's ES rows: its prompts and their reward."""
+
+
+def es_config(
+    args: argparse.Namespace, lora: bool, task: dict[str, str] = CONCISENESS
+) -> RunConfig:
+    """The measured run: `task` gives train_file and reward_func_path (and prompt_format
+    where the prompts are raw text)."""
     options = {
         "method": "es",
         "model": args.model,
-        "train_file": str(TRAIN_FILE),
         "output_dir": str(data_dir() / "runs" / "bench-gpu"),
-        "reward_func_path": "engine.rewards.conciseness.compute_score",
+        **task,
         "population_size": args.population,
         "data_batch_size": args.prompts,
         "max_steps": args.steps + 1,
@@ -132,6 +142,36 @@ def weight_ops(pool: EnginePool, population: int, repeats: int = 10) -> dict[str
     return ops
 
 
+def engines_per_gpu(args: argparse.Namespace, k: int) -> int:
+    """Engines of a row of k that share one GPU (--engines-per-gpu; all k when unset)."""
+    return min(k, args.engines_per_gpu or k)
+
+
+def common_options(args: argparse.Namespace) -> dict:
+    """Engine options every row shares: context length, seed and tensor parallelism."""
+    common = {"max_model_len": args.max_model_len, "seed": 0}
+    if args.tensor_parallel_size > 1:
+        common["tensor_parallel_size"] = args.tensor_parallel_size
+    return common
+
+
+def full_rank_pool(args: argparse.Namespace, k: int, common: dict) -> EnginePool:
+    """The k full-rank engines of a row (args: model, prompts, memory, engines_per_gpu)."""
+    # an engine of several only ever holds one member's prompts: fewer CUDA graphs
+    seqs = BATCH if k == 1 else 4 * args.prompts
+    per_gpu = engines_per_gpu(args, k)
+    # an in-process engine does not give all its memory back at shutdown: leave room
+    # (the --lora row starts a second one after it)
+    return EnginePool(
+        args.model,
+        num_engines=k,
+        engines_per_gpu=per_gpu,
+        max_num_seqs=seqs,
+        gpu_memory_utilization=args.memory / per_gpu,
+        **common,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model")
@@ -186,28 +226,16 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "rows": [],
     }
-    common = {"max_model_len": args.max_model_len, "seed": 0}
+    common = common_options(args)
     # engines in Ray actors free their memory when killed; an in-process engine does not, so
     # the one-engine row (which also measures the 256-prompt call) runs last
     tp = args.tensor_parallel_size
     if tp > 1:
-        common["tensor_parallel_size"] = tp
         results["tensor_parallel_size"] = tp
     for k in sorted(args.engines, reverse=True):
         start = time.perf_counter()
-        # an engine of several only ever holds one member's prompts: fewer CUDA graphs
-        seqs = BATCH if k == 1 else 4 * args.prompts
-        per_gpu = min(k, args.engines_per_gpu or k)
-        # an in-process engine does not give all its memory back at shutdown: leave room
-        # (the --lora row starts a second one after it)
-        pool = EnginePool(
-            args.model,
-            num_engines=k,
-            engines_per_gpu=per_gpu,
-            max_num_seqs=seqs,
-            gpu_memory_utilization=args.memory / per_gpu,
-            **common,
-        )
+        per_gpu = engines_per_gpu(args, k)
+        pool = full_rank_pool(args, k, common)
         started = time.perf_counter() - start
         try:
             if k == 1:
