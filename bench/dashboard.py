@@ -4,19 +4,20 @@ its target, on SQLite or PostgreSQL.
     .venv/bin/python bench/dashboard.py [--runs 1000] [--steps 1000] [--keys 20]
         [--population 8] [--samples 2000] [--url URL | --postgres]
 
-By default 1,000 finished runs, each with 20,000 metric rows (1,000 steps x 20 keys), 8,000
-population rows and 2,000 samples (train and eval every 100 steps). SQLite: the seeded file is
-kept under build/bench/ and reused by later invocations of the same shape (it is written under
-another name and renamed once complete). `--url` measures that database, seeding it first if it
-holds no run; `--postgres` starts a throw-away PostgreSQL server (tests/jobs/conftest.py's) and
-seeds it.
+By default 1,000 runs (every 50th still running: the Runs page reads its events), each with
+20,000 metric rows (1,000 steps x 20 keys), 8,000 population rows and 2,000 samples (train and
+eval every 100 steps). SQLite: the seeded file is kept under build/bench/ and reused by later
+invocations of the same shape (it is written under another name and renamed once complete).
+`--url` measures that database, seeding it first if it holds no run; `--postgres` starts a
+throw-away PostgreSQL server (tests/jobs/conftest.py's) and seeds it.
 
 Each page runs the store calls its code in app/ makes, in the same order (the Run page's charts
 also once through app/run_charts.py itself, with pandas and Altair): "cold" is the best of 3
-first views, each on a new Store (new connections, nothing compiled) and runs not read before
-in this process; "warm" the best of 3 repeats of one view. A page passes when its cold time
-is under its target. The operating system's file cache is left as it is (it holds the
-database after seeding, as it would on a server that has been serving it).
+first views, each on a new Store (new connections, nothing compiled) and runs not read before,
+with the database's files dropped from the operating system's cache first (SQLite's file;
+`--postgres`: the server is restarted and its files dropped; a `--url` server keeps its
+caches); "warm" the best of 3 repeats of one view. A page passes when its cold time is under
+its target.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 
-from seed_runs import SEARCH_WORD, Shape, seed_runs  # noqa: E402
+from seed_runs import SAMPLES_PER_STEP, SEARCH_WORD, Shape, seed_runs  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
 
 from app import run_charts  # noqa: E402
 from app.inspector import SampleFilter, filter_samples  # noqa: E402
@@ -145,11 +147,25 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def measure(url: str, ids: list[int], page: Page) -> tuple[float, float]:
-    """(cold, warm) seconds: the best of REPEAT first views on new stores, and of REPEAT
-    repeats of one view."""
+def uncache(folder: Path) -> None:
+    """Drop the files under `folder` (or that file) from the operating system's cache: the
+    next read comes from the disk. Only these files: other processes' caches stay."""
+    for path in [folder] if folder.is_file() else [p for p in folder.rglob("*") if p.is_file()]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def measure(
+    url: str, ids: list[int], page: Page, forget: Callable[[], None]
+) -> tuple[float, float]:
+    """(cold, warm) seconds: the best of REPEAT first views on new stores, each after
+    `forget` (which empties the caches it can), and of REPEAT repeats of one view."""
     cold = []
     for view in range(REPEAT):
+        forget()
         store = Store(url)
         cold.append(timed(lambda v=view, s=store: page.view(s, ids, v)))
         store.close()
@@ -202,10 +218,10 @@ def sqlite_cache(runs: int, shape: Shape) -> str:
     return f"sqlite:///{path}"
 
 
-def report(url: str, ids: list[int]) -> None:
+def report(url: str, ids: list[int], forget: Callable[[], None] = lambda: None) -> None:
     print(f"{'page':<46} {'target':>7} {'cold':>8} {'warm':>8}  verdict")
     for page in PAGES:
-        cold, warm = measure(url, ids, page)
+        cold, warm = measure(url, ids, page, forget)
         verdict = "pass" if cold < page.target else "FAIL"
         print(
             f"{page.name:<46} {page.target:>6.1f}s {cold * 1000:>6.0f}ms {warm * 1000:>6.0f}ms"
@@ -226,20 +242,34 @@ def main() -> None:
         "--postgres", action="store_true", help="a throw-away PostgreSQL server, seeded here"
     )
     args = parser.parse_args()
+    if args.runs < COMPARED or args.samples < SAMPLES_PER_STEP:
+        parser.error(
+            f"--runs {args.runs} --samples {args.samples}: the pages need at least {COMPARED} "
+            f"runs and {SAMPLES_PER_STEP} samples a run (one step's train and eval samples)"
+        )
     shape = Shape(args.steps, args.keys, args.population, args.samples)
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     if args.postgres:
         from tests.jobs.conftest import PostgresServer
 
         server = PostgresServer()
+
+        def restart() -> None:
+            server.shut_down()
+            uncache(Path(server.data))
+            server.start_again()
+
         try:
             url = server.create_database()
-            report(url, seeded(url, args.runs, shape))
+            report(url, seeded(url, args.runs, shape), restart)
         finally:
             server.stop()
+    elif args.url:
+        report(args.url, seeded(args.url, args.runs, shape))
     else:
-        url = args.url or sqlite_cache(args.runs, shape)
-        report(url, seeded(url, args.runs, shape))
+        url = sqlite_cache(args.runs, shape)
+        path = Path(make_url(url).database or "")
+        report(url, seeded(url, args.runs, shape), lambda: uncache(path))
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 

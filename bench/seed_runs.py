@@ -22,6 +22,8 @@ from jobs.store.store import Store
 
 PROMPTS_PER_STEP = 25
 SAMPLES_PER_PROMPT = 4
+SAMPLES_PER_STEP = 2 * PROMPTS_PER_STEP * SAMPLES_PER_PROMPT
+"""A step's samples, train and eval."""
 COMPLETION = (
     "first add the two numbers then subtract the third and multiply the result by four so "
     "the answer is close but we check each step again before we give it"
@@ -43,8 +45,7 @@ class Shape:
 
     @property
     def sample_every(self) -> int:
-        per_step = 2 * PROMPTS_PER_STEP * SAMPLES_PER_PROMPT
-        return max(1, self.steps * per_step // max(1, self.samples))
+        return max(1, self.steps * SAMPLES_PER_STEP // max(1, self.samples))
 
     def sample_steps(self) -> range:
         return (
