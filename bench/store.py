@@ -10,8 +10,8 @@ Prints:
 - the chart query of Compare: one metric of 10 runs, each reduced in SQL to about 500
   buckets keeping min, max and last.
 
-The other runs are seeded through bulk inserts (the sink path for 4 million rows would take
-the benchmark's whole time to prove the same rate again).
+The other runs are seeded through bulk inserts (bench/seed_runs.py: the sink path for 4
+million rows would take the benchmark's whole time to prove the same rate again).
 """
 
 from __future__ import annotations
@@ -23,12 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from seed_runs import Shape, metric_names, seed_runs
 from tqdm import tqdm
 
-from engine import metrics as mk
 from engine.sink import PopulationRecord, StepReport
 from jobs.sink import DatabaseSink
-from jobs.store import models
 from jobs.store.migrate import upgrade
 from jobs.store.status import RunStatus
 from jobs.store.store import Store
@@ -43,14 +42,6 @@ def best_of(fn: Callable[[], Any], repeat: int = 5) -> tuple[float, Any]:
         out = fn()
         best = min(best, time.perf_counter() - start)
     return best, out
-
-
-def metric_names(count: int) -> list[str]:
-    parts = ("mean", "std", "min", "max")
-    names = [
-        mk.reward_key(split, "reward", part) for split in (mk.TRAIN, mk.EVAL) for part in parts
-    ]
-    return (names + [f"bench/extra_{i}" for i in range(count)])[:count]
 
 
 def ingest_through_sink(store: Store, steps: int, keys: list[str]) -> float:
@@ -75,36 +66,6 @@ def ingest_through_sink(store: Store, steps: int, keys: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def seed_bulk(store: Store, runs: int, steps: int, keys: list[str]) -> list[int]:
-    ids = []
-    for i in tqdm(range(runs), desc="seeding runs", leave=False):
-        run = store.create_run(
-            name=f"run-{i}",
-            method="es" if i % 2 else "lbes",
-            config={"model": "m"},
-            total_steps=steps,
-            tags=[f"t{i % 7}"],
-        )
-        rows = [
-            {
-                "run_id": run.id,
-                "key": k,
-                "step": step,
-                "value": (step % 97) / 97 + (5.0 if step == steps // 3 else 0.0),
-                "wall_time": float(step),
-            }
-            for k in keys
-            for step in range(1, steps + 1)
-        ]
-        with store._session() as s:
-            s.execute(models.Metric.__table__.insert(), rows)
-            s.execute(
-                models.LatestMetric.__table__.insert(), [r for r in rows if r["step"] == steps]
-            )
-        ids.append(run.id)
-    return ids
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100)
@@ -127,7 +88,7 @@ def main() -> None:
         )
 
         start = time.perf_counter()
-        ids = seed_bulk(store, args.runs, args.steps, keys)
+        ids = seed_runs(store, args.runs, Shape(args.steps, len(keys)))
         total = args.runs * args.steps * len(keys)
         print(
             f"seeded {args.runs} runs x {args.steps} steps x {len(keys)} keys ({total:,} "
