@@ -57,6 +57,7 @@ from engine.rewards import RewardError, load_reward_function  # noqa: E402
 
 if TYPE_CHECKING:
     from engine.backends.pool import EnginePool
+    from engine.sink import Sink
 
 RESULTS = BENCH / "results" / "preset-curves.json"
 PAGE = ROOT / "docs" / "presets.md"
@@ -149,7 +150,7 @@ class SharedEngine:
         self.pool: EnginePool | None = None
         self.key: tuple[object, object] | None = None
 
-    def pool_for(self, config: RunConfig) -> EnginePool:
+    def pool_for(self, config: RunConfig, sink: Sink) -> EnginePool:
         from engine.trainer import start_pool
 
         key = (config.model, config.lora)
@@ -158,7 +159,7 @@ class SharedEngine:
             return self.pool
         self.close()
         started = time.perf_counter()
-        self.pool = start_pool(config)
+        self.pool = start_pool(config, sink)
         self.key = key
         self.pool.save_master(str(self.master))
         print(f"engine up in {time.perf_counter() - started:.0f} s", flush=True)
@@ -180,7 +181,7 @@ def run_one(engine: SharedEngine, config: RunConfig, title: str) -> dict[str, An
     progress = ProgressSink(memory, plan_total_steps(config), title)
     started = time.perf_counter()
     try:
-        train(config, progress, pool=engine.pool_for(config))
+        train(config, progress, pool=engine.pool_for(config, progress))
     finally:
         progress.close()
     return {

@@ -174,11 +174,21 @@ def worker_entrypoint(run: RunRecord) -> str:
 
 def run_demand(config: Mapping[str, Any], *, gpus: bool) -> dict[str, float]:
     """What a run occupies while it runs: one vLLM engine per `num_engines`, each on
-    `tensor_parallel_size` GPUs on a GPU cluster, or one CPU each on a CPU-only one."""
+    `tensor_parallel_size` GPUs on a GPU cluster (shared by `engines_per_gpu` engines, as
+    the engines' Ray actors ask: tensor_parallel_size / engines_per_gpu GPUs each), or one
+    CPU each on a CPU-only one."""
     engines = int(config.get("num_engines") or 1)
     if gpus:
-        return {"GPU": float(engines * int(config.get("tensor_parallel_size") or 1))}
+        share = int(config.get("tensor_parallel_size") or 1) / _engines_per_gpu(config)
+        return {"GPU": engines * share}
     return {"CPU": float(engines)}
+
+
+def _engines_per_gpu(config: Mapping[str, Any]) -> int:
+    """Engines sharing a card; a run of one engine computes in its job, alone on its GPUs."""
+    if int(config.get("num_engines") or 1) == 1:
+        return 1
+    return int(config.get("engines_per_gpu") or 1)
 
 
 def job_gpus(config: Mapping[str, Any], *, gpus: bool) -> float:

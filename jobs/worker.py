@@ -166,7 +166,7 @@ class Worker:
         resume_from: str | Path | None = None,
         wrap_sink: Callable[[Sink], Sink] | None = None,
         release_engine: bool = True,
-        start_pool: Callable[[Any], Any] | None = None,
+        start_pool: Callable[[Any, Any], Any] | None = None,
     ) -> None:
         """`foreground`: the run was created running by `eslab train`, which runs it in this
         process (no scheduler); otherwise the run must be queued and this worker claims it.
@@ -288,7 +288,7 @@ class Worker:
         dashboard says "starting engine" for the tens of seconds it takes."""
         sink.log_event("info", phases.STARTING_ENGINE)
         started = time.monotonic()
-        pool = self.start_pool(config)
+        pool = self.start_pool(config, sink)
         seconds = time.monotonic() - started
         sink.log_event("info", phases.engine_started(seconds, pool.devices()))
         return pool
@@ -356,10 +356,10 @@ def accepts(train: TrainFunction, parameter: str) -> bool:
         return False
 
 
-def _start_pool(config: Any) -> Any:
+def _start_pool(config: Any, sink: Any) -> Any:
     from engine.trainer import start_pool  # vLLM: only in a worker that trains
 
-    return start_pool(config)
+    return start_pool(config, sink)
 
 
 def load_train(spec: str) -> TrainFunction:

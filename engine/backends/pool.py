@@ -61,6 +61,7 @@ class _EngineHost:
         context = ray.get_runtime_context()
         return {
             **self.engine.info,
+            "cuda_mps": cuda_mps_running(),
             "node_id": context.get_node_id(),
             "node_ip": ray.util.get_node_ip_address(),
             "actor_id": context.get_actor_id(),
@@ -99,6 +100,7 @@ class EnginePool:
         self._actors: list[Any] = []
         self._group: Any = None  # the engines' placement group (Ray)
         self.infos: list[dict[str, Any]] = []
+        self.warnings: list[str] = []  # for the run's events: an arrangement that runs slow
         self._local: PerturbationEngine | None = None
         if num_engines == 1:
             from engine.backends.vllm.engine import VLLMEngine
@@ -116,6 +118,7 @@ class EnginePool:
         pool._actors = []
         pool._group = None
         pool.infos = []
+        pool.warnings = []
         pool._local = engine
         return pool
 
@@ -376,6 +379,8 @@ class EnginePool:
         except Exception as exc:
             self.shutdown()
             raise EngineError(f"starting {num_engines} engines on Ray failed: {exc}") from exc
+        if shared:
+            self.warnings += time_sliced_warnings(self.infos, self.devices())
 
     def _scatter(self, method: str, arg_lists: Sequence[tuple[Any, ...]]) -> list[Any]:
         """method(*args_i) on engine i, in parallel, for the non-empty argument lists."""
@@ -429,6 +434,33 @@ def gpu_engine_threads(num_engines: int, cores: int | None = None) -> dict[str, 
     and the in-process engine of a pool of one (all the machine's threads) in 0.25 s."""
     cores = cores or len(os.sched_getaffinity(0))
     return {"OMP_NUM_THREADS": str(max(1, cores // max(1, num_engines)))}
+
+
+MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"
+
+
+def cuda_mps_running() -> bool:
+    """Whether a CUDA MPS control daemon listens where this process's CUDA clients look for
+    it (its `control` pipe in CUDA_MPS_PIPE_DIRECTORY, /tmp/nvidia-mps by default). Engines
+    sharing a card run their kernels at once under MPS and take turns without it: on one
+    H200, 4 engines of a 1.07B model gave 3.4x one engine's members/s under MPS and 1.09x
+    without (docs/benchmarks.md)."""
+    pipes = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DIRECTORY
+    return os.path.exists(os.path.join(pipes, "control"))
+
+
+def time_sliced_warnings(infos: Sequence[Mapping[str, Any]], places: Sequence[str]) -> list[str]:
+    """One warning per GPU whose engines share it without CUDA MPS (they are time-sliced:
+    they add start time and memory and little speed), naming the command that fixes it."""
+    slow = sorted(
+        {place for info, place in zip(infos, places, strict=True) if not info.get("cuda_mps")}
+    )
+    return [
+        f"engines share {place} without CUDA MPS, so they take turns on it rather than "
+        "running at once; start the MPS daemon on that machine (nvidia-cuda-mps-control -d) "
+        "before the run, or give each engine a GPU of its own (engines_per_gpu: 1)"
+        for place in slow
+    ]
 
 
 def _cpu_bind_masks(num_engines: int, cores: Sequence[int]) -> list[str]:

@@ -55,7 +55,7 @@ def train(
     owns_pool = pool is None
     lora = None
     try:
-        pool = pool or start_pool(config)
+        pool = pool or start_pool(config, sink)
         lora = start_lora(config, sink)
         checkpoints = Checkpoints(config, pool, output_dir, lora, sink)
         state = TrainerState() if resume_from is None else checkpoints.resume(resume_from)

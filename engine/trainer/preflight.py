@@ -74,9 +74,11 @@ def model_folder(config: RunConfig) -> Path:
     return local if local is not None and local.exists() else resolve_model(config.model.model)
 
 
-def start_pool(config: RunConfig) -> EnginePool:
+def start_pool(config: RunConfig, sink: Sink) -> EnginePool:
+    """The run's engines; what makes their arrangement slow (engines time-sliced on a GPU)
+    goes to the run's events, where the dashboard shows it."""
     m = config.model
-    return EnginePool(
+    pool = EnginePool(
         str(model_folder(config)),
         num_engines=m.num_engines,
         engines_per_gpu=m.engines_per_gpu,
@@ -94,6 +96,9 @@ def start_pool(config: RunConfig) -> EnginePool:
         },
         lora_kernels=config.lora.lora_kernels,
     )
+    for warning in pool.warnings:
+        sink.log_event("warning", warning)
+    return pool
 
 
 def start_lora(config: RunConfig, sink: Sink) -> LoraPopulation | None:

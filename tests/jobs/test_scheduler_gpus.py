@@ -5,7 +5,7 @@ on real GPUs are bench/product_path.py's."""
 
 from __future__ import annotations
 
-from jobs.scheduler import Scheduler, SchedulerSettings, job_gpus
+from jobs.scheduler import Scheduler, SchedulerSettings, job_gpus, run_demand
 from tests.jobs.helpers import SubmittingRay, queue_run
 
 
@@ -21,3 +21,19 @@ def test_a_one_engine_job_holds_its_gpus_and_a_several_engine_job_none(sqlite_st
 def test_a_cpu_cluster_gives_jobs_no_gpus():
     assert job_gpus({"num_engines": 1}, gpus=False) == 0.0
     assert job_gpus({"tensor_parallel_size": 2}, gpus=False) == 0.0
+
+
+def test_engines_sharing_a_gpu_ask_for_their_share_of_it(sqlite_store, tmp_path):
+    """Four engines sharing one card (CUDA MPS's fast arrangement) need one GPU, as their
+    actors ask for a quarter each: asking for four left such a run queued for ever on a
+    machine of one GPU."""
+    assert run_demand({"num_engines": 4, "engines_per_gpu": 4}, gpus=True) == {"GPU": 1.0}
+    assert run_demand({"num_engines": 8, "engines_per_gpu": 4}, gpus=True) == {"GPU": 2.0}
+    two_ranks = {"num_engines": 2, "engines_per_gpu": 2, "tensor_parallel_size": 2}
+    assert run_demand(two_ranks, gpus=True) == {"GPU": 2.0}
+    assert run_demand({"num_engines": 1, "engines_per_gpu": 4}, gpus=True) == {"GPU": 1.0}
+    assert run_demand({"num_engines": 4, "engines_per_gpu": 4}, gpus=False) == {"CPU": 4.0}
+    queue_run(sqlite_store, tmp_path / "a", name="shared", num_engines=4, engines_per_gpu=4)
+    ray = SubmittingRay({"CPU": 16.0, "GPU": 1.0})
+    Scheduler(sqlite_store, ray, SchedulerSettings(max_concurrent_runs=2)).tick()
+    assert ray.job_gpus == {"shared": 0.0}

@@ -278,7 +278,7 @@ def test_the_engine_start_is_a_phase_of_the_run(sqlite_store, tmp_path):
         def shutdown(self) -> None:
             pass
 
-    def start_pool(config):
+    def start_pool(config, sink):
         assert release.wait(10)
         return StandInPool()
 

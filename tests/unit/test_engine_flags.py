@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from engine.backends.pool import EnginePool
 from engine.config import ConfigError, RunConfig
 from engine.config.schema import LOAD_FORMATS
+from engine.sink import MemorySink
 from engine.trainer import preflight
 
 BASE = {
@@ -27,9 +29,14 @@ def test_defaults_pass_nothing_and_set_flags_pass_through(monkeypatch):
         "max_num_batched_tokens": 2048,
     }
     seen = {}
-    monkeypatch.setattr(preflight, "EnginePool", lambda *args, **kwargs: seen.update(kwargs))
+
+    def recording_pool(*args, **kwargs):
+        seen.update(kwargs)
+        return EnginePool.wrap(object())
+
+    monkeypatch.setattr(preflight, "EnginePool", recording_pool)
     monkeypatch.setattr(preflight, "model_folder", lambda config: "model")
-    preflight.start_pool(config)
+    preflight.start_pool(config, MemorySink())
     assert seen["extra_llm_args"] == config.model.vllm_flags()
 
 

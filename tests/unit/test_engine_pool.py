@@ -13,7 +13,12 @@ from engine.backends.base import (
     EngineMismatchError,
     PerturbationEngine,
 )
-from engine.backends.pool import EnginePool, gpu_engine_threads
+from engine.backends.pool import (
+    EnginePool,
+    cuda_mps_running,
+    gpu_engine_threads,
+    time_sliced_warnings,
+)
 
 
 class FakeEngine:
@@ -216,3 +221,18 @@ def test_a_dead_actor_is_reported_as_the_lost_engine_and_where_it_ran(monkeypatc
 def test_engines_on_gpus_share_the_machines_cores_out_not_ray_s_one_thread():
     assert gpu_engine_threads(2, cores=32) == {"OMP_NUM_THREADS": "16"}
     assert gpu_engine_threads(8, cores=4) == {"OMP_NUM_THREADS": "1"}
+
+
+def test_engines_sharing_a_gpu_without_mps_are_named_with_the_fix(tmp_path, monkeypatch):
+    """Engines time-sliced on a card give little for their start time and memory: the run's
+    events name the card and the command that starts CUDA MPS; a card under MPS is fine."""
+    infos = [{"cuda_mps": False}, {"cuda_mps": False}, {"cuda_mps": True}, {"cuda_mps": True}]
+    places = ["gpu-a/cuda:0 (H200)"] * 2 + ["gpu-b/cuda:0 (H200)"] * 2
+    (warning,) = time_sliced_warnings(infos, places)
+    assert "gpu-a/cuda:0 (H200) without CUDA MPS" in warning
+    assert "nvidia-cuda-mps-control -d" in warning
+
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    assert not cuda_mps_running()
+    (tmp_path / "control").touch()  # the control daemon's pipe
+    assert cuda_mps_running()
