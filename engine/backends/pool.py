@@ -22,6 +22,7 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any, TypeVar
 
 from engine.backends.base import (
@@ -440,13 +441,21 @@ MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"
 
 
 def cuda_mps_running() -> bool:
-    """Whether a CUDA MPS control daemon listens where this process's CUDA clients look for
-    it (its `control` pipe in CUDA_MPS_PIPE_DIRECTORY, /tmp/nvidia-mps by default). Engines
-    sharing a card run their kernels at once under MPS and take turns without it: on one
-    H200, 4 engines of a 1.07B model gave 3.4x one engine's members/s under MPS and 1.09x
-    without (docs/benchmarks.md)."""
+    """Whether a CUDA MPS control daemon runs where this process's CUDA clients look for it
+    (CUDA_MPS_PIPE_DIRECTORY, /tmp/nvidia-mps by default): its pid file there names a live
+    process. Its `control` socket alone says nothing, as the daemon leaves it behind when it
+    quits (seen on an H200). Engines sharing a card run their kernels at once under MPS and
+    take turns without it: on one H200, 4 engines of a 1.07B model gave 3.4x one engine's
+    members/s under MPS and 1.09x without (docs/benchmarks.md)."""
     pipes = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DIRECTORY
-    return os.path.exists(os.path.join(pipes, "control"))
+    try:
+        pid = int(Path(pipes, "nvidia-cuda-mps-control.pid").read_text().strip())
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # alive, another user's daemon
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def time_sliced_warnings(infos: Sequence[Mapping[str, Any]], places: Sequence[str]) -> list[str]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -233,6 +236,12 @@ def test_engines_sharing_a_gpu_without_mps_are_named_with_the_fix(tmp_path, monk
     assert "nvidia-cuda-mps-control -d" in warning
 
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    (tmp_path / "control").touch()  # a daemon that quit leaves its socket behind
     assert not cuda_mps_running()
-    (tmp_path / "control").touch()  # the control daemon's pipe
+    pid_file = tmp_path / "nvidia-cuda-mps-control.pid"
+    pid_file.write_text(f"{os.getpid()}\n")  # a live process
     assert cuda_mps_running()
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()
+    pid_file.write_text(str(finished.pid))  # one that ended
+    assert not cuda_mps_running()
