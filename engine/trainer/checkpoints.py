@@ -13,6 +13,7 @@ back.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import shutil
@@ -155,17 +156,23 @@ def save_checkpoint(
     path = output_dir / f"checkpoint-{state.global_step}"
     partial = output_dir / f".checkpoint-{state.global_step}.partial"
     shutil.rmtree(partial, ignore_errors=True)
-    if not for_resume_only:
-        pool.save_hf(str(partial))
-    pool.save_master(str(partial / MASTER_DIR))
-    if lora is not None:
-        lora.save(partial)  # adapter mode: the trained adapter
-    (partial / STATE_FILE).write_text(
-        json.dumps(
-            {**asdict(state), **(asdict(best) if best else {}), "config": config.to_flat()},
-            indent=2,
+    try:
+        if not for_resume_only:
+            pool.save_hf(str(partial))
+        pool.save_master(str(partial / MASTER_DIR))
+        if lora is not None:
+            lora.save(partial)  # adapter mode: the trained adapter
+        (partial / STATE_FILE).write_text(
+            json.dumps(
+                {**asdict(state), **(asdict(best) if best else {}), "config": config.to_flat()},
+                indent=2,
+            )
         )
-    )
+    except Exception as exc:
+        shutil.rmtree(partial, ignore_errors=True)  # its space back, for the next attempt
+        if disk_full(exc):
+            raise CheckpointWriteError(disk_full_message(path, output_dir)) from exc
+        raise
     shutil.rmtree(path, ignore_errors=True)
     partial.rename(path)  # a checkpoint folder is complete or absent, never half-written
     kept = f"checkpoint-{best.best_step}" if best else None
@@ -173,6 +180,44 @@ def save_checkpoint(
     for old in rotated[: -config.eval.save_total_limit]:
         shutil.rmtree(old)
     return path
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written for want of space; the earlier ones stand."""
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether `exc`, or an error it wraps (Ray wraps an engine actor's), is a full disk or
+    an exhausted quota."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if getattr(seen, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def disk_full_message(path: Path, output_dir: Path) -> str:
+    """What a user needs when the disk fills under a save: which disk, how full, what is
+    safe, and how to go on."""
+    try:
+        usage = shutil.disk_usage(output_dir)
+        room = f"{usage.free / 2**20:,.0f} MiB free of {usage.total / 2**30:,.1f} GiB"
+    except OSError:
+        room = "its size unknown"
+    kept = [p.name for p in list_checkpoints(output_dir)]
+    then = (
+        f"the earlier checkpoints are intact ({', '.join(kept)}). Free space there, then "
+        "resume the run (eslab resume RUN) to continue from the last of them."
+        if kept
+        else "there is no earlier checkpoint. Free space there, then run it again."
+    )
+    return (
+        f"{path.name} could not be written: no space left on the disk of {output_dir} "
+        f"({room}). Nothing of it was kept, the recorded metrics stand, and {then}"
+    )
 
 
 def list_checkpoints(output_dir: Path) -> list[Path]:
