@@ -45,9 +45,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     )
     bon.add_argument(
         "--proxy",
-        type=reward_spec,
-        help="proxy reward: a reward function dotted path, `scorer` or a scorer URL "
-        "(default: the run's own reward)",
+        type=reward_specs,
+        help="proxy reward: a reward function dotted path, `scorer` or a scorer URL, or "
+        "several comma-separated as an ensemble (one scorer service per seed's reward "
+        "model); default: the run's own reward",
     )
     bon.add_argument(
         "--proxy-models",
@@ -90,6 +91,13 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     bon.set_defaults(func=cmd_bon)
 
 
+def reward_specs(text: str) -> str:
+    """argparse type of --proxy: comma-separated rewards, each checked as reward_spec."""
+    for spec in text.split(","):
+        reward_spec(spec.strip())
+    return text
+
+
 def _numbers(text: str, option: str, kind: type[int] | type[float]) -> list[Any]:
     """`--n 1,2,4` or `--uwo-weights 0.1,0.5` as numbers; ConfigError naming the option."""
     try:
@@ -109,6 +117,8 @@ def _check_mode(args: argparse.Namespace) -> None:
         problems.append(FieldError("gold", "--gold is needed to score sampled answers"))
     if args.gold_gens is not None and args.gold is not None:
         problems.append(FieldError("gold", "--gold-gens carries its gold scores: leave out --gold"))
+    if args.gold is not None and "," in args.gold:
+        problems.append(FieldError("gold", f"--gold names one reward, got {args.gold!r}"))
     if args.proxy is not None and args.proxy_models is not None:
         problems.append(FieldError("proxy", "give --proxy or --proxy-models, not both"))
     if args.gold_gens is not None and args.proxy is None and args.proxy_models is None:

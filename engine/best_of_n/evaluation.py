@@ -28,7 +28,7 @@ from engine.model_files import ModelError
 from engine.paths import resolve_path
 from engine.prompts import Prompt
 from engine.scoring.ensembles import BON_DDOF
-from engine.scoring.members import SCORER_MEMBER
+from engine.scoring.members import SCORER_MEMBER, parse_members
 from engine.scoring.sources import RewardSources, member_part
 
 RUN_PROXY = "run"
@@ -74,24 +74,26 @@ def source_for(spec: str, config: RunConfig) -> RewardSources:
 
 
 def spec_source(spec: str, alignment: AlignmentConfig | None = None) -> RewardSources:
-    """One reward source: a function path, `scorer` (the alignment's scorer_url) or a scorer
-    URL, with the alignment's scorer settings (the defaults without a run)."""
+    """Reward sources as `ensemble_members` names them, comma-separated: function paths,
+    `scorer` (the alignment's scorer_url) or scorer URLs (one service per seed's reward model
+    makes a per-seed ensemble), with the alignment's scorer settings (the defaults without a
+    run)."""
     a = alignment or AlignmentConfig()
-    if spec == SCORER_MEMBER and a.scorer_url is None:
-        raise ConfigError(
-            [
-                FieldError(
-                    "scorer_url",
-                    "`scorer` names a run's scorer_url, and there is none: "
-                    "give the scorer's URL instead",
-                )
-            ]
-        )
+    members = tuple(parse_members(spec))
+    problem = None
+    if not members:
+        problem = "names no reward"
+    elif len(set(members)) != len(members):
+        problem = f"names a reward twice ({spec!r})"
+    elif SCORER_MEMBER in members and a.scorer_url is None:
+        problem = "says `scorer`, a run's scorer_url, and there is none: give the scorer's URL"
+    if problem:
+        raise ConfigError([FieldError("reward", f"the reward {problem}")])
     return RewardSources(
         reward_source="ensemble",
         reward_func_path=None,
-        scorer_url=a.scorer_url if spec == SCORER_MEMBER else None,
-        members=(spec,),
+        scorer_url=a.scorer_url if SCORER_MEMBER in members else None,
+        members=members,
         scorer_batch_size=a.scorer_batch_size,
         scorer_timeout_s=a.scorer_timeout_s,
         scorer_retries=a.scorer_retries,

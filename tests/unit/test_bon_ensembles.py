@@ -21,6 +21,7 @@ from engine.best_of_n.evaluation import (
     ProxyMembers,
     evaluate_gold_generations,
     read_curves,
+    source_members,
     spec_source,
     write_curves,
 )
@@ -280,10 +281,14 @@ def test_bad_weights_and_n_cost_no_scoring(tmp_path):
     assert calls == []
 
 
-def test_scorer_spec_without_a_run_names_what_to_give():
+def test_scorer_services_of_per_seed_models_form_one_ensemble():
+    urls = "http://127.0.0.1:8001, http://127.0.0.1:8002"
+    proxy = source_members(spec_source(urls))
+    assert proxy.names == ("127.0.0.1_8001", "127.0.0.1_8002")
+    with pytest.raises(ConfigError, match="names a reward twice"):
+        spec_source("http://127.0.0.1:8001,http://127.0.0.1:8001")
     with pytest.raises(ConfigError, match="give the scorer's URL"):
         spec_source("scorer")
-    assert spec_source("http://127.0.0.1:9").members == ("http://127.0.0.1:9",)
 
 
 def test_curves_file_is_the_references_layout_for_one_and_keyed_for_several(tmp_path):
@@ -325,6 +330,7 @@ def test_reward_model_folders_score_every_answer_with_each_model(tmp_path):
         (["--gold-gens", "g.json"], "--gold-gens needs a proxy"),
         (["--gold-gens", "g.json", "--proxy", "a.b", "--proxy-models", "m"], "not both"),
         (["--gold-gens", "g.json", "--proxy", "a.b", "--seeds", "1"], "--seeds goes with"),
+        (["ckpt", "--gold", "a.b,c.d"], "--gold names one reward"),
         (["--gold-gens", "g.json", "--proxy", "a.b", "--uwo-weights", "0.5,x"], "floats"),
     ],
 )
