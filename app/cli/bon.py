@@ -67,7 +67,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "--input-format",
         choices=INPUT_FORMATS,
         default="pair",
-        help="what --proxy-models read (as `eslab scorer serve --input-format`)",
+        help="what --proxy-models read, as `eslab scorer serve --input-format` (prompter "
+        "for the ensembles paper's Open-Assistant reward models)",
     )
     bon.add_argument(
         "--max-length",
