@@ -6,6 +6,10 @@ gold reward (any reward source: a function path, `scorer`, or a scorer URL) scor
 answer, and the unbiased estimator (engine/best_of_n/estimator.py) gives the expected proxy
 and gold score of the proxy's pick among n. Over-optimisation shows as a proxy curve that keeps
 rising while the gold curve flattens or falls (Coste et al. 2023, Fig. 1).
+
+Pre-labelled answers (evaluate_gold_generations) skip the sampling and the gold reward. Either
+way the proxy scores every answer once, and each of its members and ensemble rules gives its
+own curve (engine/best_of_n/selections.py).
 """
 
 from __future__ import annotations
