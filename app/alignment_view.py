@@ -7,7 +7,6 @@ writes CHECKPOINT/bon.json)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 
 import altair as alt
@@ -17,6 +16,7 @@ import streamlit as st
 from app import charts
 from app.samples_view import _step_picker
 from engine import metrics as mk
+from engine.best_of_n.evaluation import read_curves
 from engine.paths import resolve_path
 from jobs.store.records import RunRecord
 from jobs.store.store import Store
@@ -189,21 +189,14 @@ def _best_of_n(store: Store, run: RunRecord) -> None:
     curves = []
     for ckpt in store.checkpoints(run.id):
         path = resolve_path(ckpt.path) / "bon.json"
-        if path.is_file():
-            for p in json.loads(path.read_text()):
+        if not path.is_file():
+            continue
+        for key, points in read_curves(path).items():
+            label = f"step {ckpt.step}" + (f" {key}" if key else "")
+            for p in points:
                 curves += [
-                    {
-                        "n": p["n"],
-                        "score": p["proxy_score"],
-                        "kind": "proxy",
-                        "checkpoint": f"step {ckpt.step}",
-                    },
-                    {
-                        "n": p["n"],
-                        "score": p["gold_score"],
-                        "kind": "gold",
-                        "checkpoint": f"step {ckpt.step}",
-                    },
+                    {"n": p["n"], "score": p["proxy_score"], "kind": "proxy", "checkpoint": label},
+                    {"n": p["n"], "score": p["gold_score"], "kind": "gold", "checkpoint": label},
                 ]
     if not curves:
         st.caption("Best-of-n: run `eslab bon RUN --gold SPEC` to add curves here.")

@@ -45,6 +45,24 @@ BASE_COST_MEAN = "train/base/cost/mean"  # the unperturbed model's mean cost
 BASE_SAFE_RATIO = "train/base/safe_ratio"
 EVAL_MEAN_COMBINED = "eval/mean_combined"  # the objective on the eval set, this step's lambda
 
+# Best-of-n (`eslab bon`, engine/best_of_n/selections.py): the curves of one scoring, one per
+# selection rule, keyed by which proxy picked the answer: each ensemble member alone, as the
+# reference's per-seed results, then the ensemble's mean, min (WCO) and uwo at each weight.
+BON_RULES = ("member", "mean", "min", "uwo")
+
+
+def bon_key(rule: str, detail: str | float | None = None) -> str:
+    """`bon/member/<name>`, `bon/mean`, `bon/min`, `bon/uwo/<weight>` (`bon/uwo/0.5`)."""
+    if rule not in BON_RULES:
+        raise KeyError(f"unknown best-of-n rule {rule!r}; known: {', '.join(BON_RULES)}")
+    takes_detail = rule in ("member", "uwo")  # a member's name, uwo's weight
+    if takes_detail != (detail is not None):
+        raise KeyError(f"best-of-n rule {rule!r} {'needs' if takes_detail else 'takes no'} detail")
+    if rule == "uwo":
+        return f"bon/uwo/{float(detail):g}"  # type: ignore[arg-type]
+    return f"bon/{rule}" if detail is None else f"bon/{rule}/{detail}"
+
+
 # Time per phase of a step, in seconds.
 PHASES = (
     "generation",

@@ -1,6 +1,7 @@
-"""One scoring model: a Hugging Face sequence-classification checkpoint, or a Safe-RLHF score
+"""One scoring model: a Hugging Face sequence-classification checkpoint, a Safe-RLHF score
 model (`LlamaForScore`, the alignment fork's beaver reward and cost models; scorer/score_head.py),
-given by path.
+or an Open-Assistant reward model (`gpt_neox_reward_model`, the ensembles paper's reward models;
+scorer/pooled_reward.py), given by path.
 
 A classifier with one label gives its logit as the score (the usual reward-model head); one
 with two labels gives logit[1] - logit[0], the log-odds of label 1, so a classifier trained
@@ -11,7 +12,9 @@ which a Safe-RLHF score model's end score follows by itself.
 What the model reads is its input format: `pair` (ES Lab's default models) tokenizes prompt
 and response as the tokenizer's two segments; `conversation` scores the reference's text,
 "BEGINNING OF CONVERSATION: USER: {prompt} ASSISTANT:{response}" + end-of-sequence
-(scorer/conversation.py), as Safe-RLHF-style reward and cost models expect. Texts longer
+(scorer/conversation.py), as Safe-RLHF-style reward and cost models expect; `prompter` the
+Open-Assistant text "<|prompter|>{prompt}<|endoftext|><|assistant|>{response}<|endoftext|>",
+as the ensembles paper's reward models were trained on. Texts longer
 than `max_length` tokens (the reference's 512) are truncated.
 
 Decoder classifiers (GPT-2, Llama, ...) often ship without a padding token, and their
@@ -29,9 +32,11 @@ from typing import Any
 import numpy as np
 
 from scorer.conversation import REFERENCE_EOS, conversation_text, user_words
+from scorer.pooled_reward import PooledRewardHead, is_pooled_reward_model, prompter_text
 from scorer.score_head import ScoreHead, is_score_model
 
-INPUT_FORMATS = ("pair", "conversation")
+INPUT_FORMATS = ("pair", "conversation", "prompter")
+HEADS = (ScoreHead, PooledRewardHead)  # checkpoints whose head is read apart from the body
 DEFAULT_MAX_LENGTH = 512  # the reference's MAX_LENGTH (Safe-RLHF's Beaver models)
 UNBOUNDED = 10**6  # tokenizers without a known limit say VERY_LARGE_INTEGER
 
@@ -73,12 +78,14 @@ class ScoringModel:
             self.tokenizer = AutoTokenizer.from_pretrained(self.path)
             if is_score_model(self.path):
                 self.model: Any = ScoreHead(self.path)
+            elif is_pooled_reward_model(self.path):
+                self.model = PooledRewardHead(self.path)
             else:
                 self.model = AutoModelForSequenceClassification.from_pretrained(self.path).eval()
         except (OSError, ValueError) as exc:
             raise ScoringModelError(f"cannot load scoring model {path}: {exc}") from exc
         labels = getattr(self.model.config, "num_labels", 1)
-        if not isinstance(self.model, ScoreHead) and labels not in (1, 2):
+        if not isinstance(self.model, HEADS) and labels not in (1, 2):
             raise ScoringModelError(
                 f"scoring model {path} has {labels} labels; a reward or "
                 "cost model needs 1 (a score) or 2 (log-odds of label 1)"
@@ -114,7 +121,7 @@ class ScoringModel:
             return_tensors="pt",
         )
         with self._lock, self._torch.inference_mode():
-            if isinstance(self.model, ScoreHead):
+            if isinstance(self.model, HEADS):
                 scores = self.model.scores(encoded)
             else:
                 logits = self.model(**encoded).logits.float().numpy()  # [B, labels]
@@ -122,9 +129,11 @@ class ScoringModel:
         return [float(x) for x in np.asarray(scores)]
 
     def _inputs(self, prompts: list[str], responses: list[str]) -> tuple[list[str], ...]:
-        """The tokenizer's text arguments: one conversation text each, or (prompts,
+        """The tokenizer's text arguments: one text each (prompter, conversation), or (prompts,
         responses) as two segments, truncated longest-first so a long prompt cannot crowd
         the response out entirely."""
+        if self.input_format == "prompter":
+            return ([prompter_text(p, r) for p, r in zip(prompts, responses, strict=True)],)
         if self.input_format == "conversation":
             return (
                 [

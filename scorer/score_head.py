@@ -53,7 +53,7 @@ class ScoreHead:
         dim = int(getattr(self.config, "score_dim", 1))
         if dim != 1:
             raise ValueError(f"its score_dim is {dim}; a reward or cost model gives one score")
-        tensors = _extra_tensors(Path(self.folder), ("score_head.", "normalizer."))
+        tensors = extra_tensors(Path(self.folder), ("score_head.", "normalizer."))
         if "score_head.weight" not in tensors:
             raise ValueError("its checkpoint has no score_head.weight")
         self.weight = tensors["score_head.weight"].float()
@@ -86,7 +86,7 @@ class ScoreHead:
         return scores[:, 0].numpy()
 
 
-def _extra_tensors(folder: Path, prefixes: tuple[str, ...]) -> dict[str, Any]:
+def extra_tensors(folder: Path, prefixes: tuple[str, ...]) -> dict[str, Any]:
     """The checkpoint's tensors whose names start with one of `prefixes` (safetensors files,
     sharded or not, else PyTorch .bin files), without loading the rest."""
     found: dict[str, Any] = {}

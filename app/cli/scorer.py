@@ -48,7 +48,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         default="pair",
         help="what the models read: prompt and response as two segments (pair, the "
         "train-default models), or one text 'BEGINNING OF CONVERSATION: USER: {prompt} "
-        "ASSISTANT:{response}' + EOS (conversation, Safe-RLHF-style models)",
+        "ASSISTANT:{response}' + EOS (conversation, Safe-RLHF-style models), or "
+        "'<|prompter|>{prompt}<|endoftext|><|assistant|>{response}<|endoftext|>' (prompter, "
+        "Open-Assistant reward models such as the ensembles paper's)",
     )
     serve.set_defaults(func=cmd_scorer_serve)
     train = scorer_cmds.add_parser(

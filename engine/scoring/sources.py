@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 COST = "cost"
 
 
+def member_part(name: str) -> str:
+    """The ScoredBatch part holding ensemble member `name`'s own scores."""
+    return f"member/{name}"
+
+
 def function_paths(config: RunConfig) -> list[str]:
     """The reward functions a run scores with: its reward_func_path, or the function members
     of its ensemble (none when the scorer's reward model gives R)."""
@@ -126,7 +131,7 @@ class RewardSources:
                     values = self.client(member).score(context, texts)[0].reshape(shape)
                 else:
                     values = by_function(member).rewards
-                parts[f"member/{name}"] = values
+                parts[member_part(name)] = values
                 scores.append(values)
             rewards = combine(
                 np.stack(scores), self.ensemble_method, self.uwo_weight, ddof=self.ensemble_ddof

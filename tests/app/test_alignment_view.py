@@ -80,6 +80,11 @@ def aligned(seeded_url, dataset, tmp_path, monkeypatch):
         json.dumps([{"n": n, "proxy_score": 0.1 * n, "gold_score": 0.05 * n} for n in (1, 2, 4)])
     )
     store.add_checkpoint(run.id, 2, str(checkpoint))
+    ensemble = tmp_path / "aligned" / "checkpoint-4"  # an ensemble's curves, keyed
+    ensemble.mkdir(parents=True)
+    points = [{"n": n, "proxy_score": 0.2 * n, "gold_score": 0.1} for n in (1, 2)]
+    (ensemble / "bon.json").write_text(json.dumps({"bon/mean": points, "bon/uwo/0.5": points}))
+    store.add_checkpoint(run.id, 4, str(ensemble))
     yield store, run
     store.close()
     st.cache_resource.clear()

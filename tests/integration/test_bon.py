@@ -1,5 +1,6 @@
 """`eslab bon` on a checkpoint folder of the default model: a real vLLM engine samples N
-answers a prompt, and the unbiased estimator gives proxy and gold scores by n."""
+answers a prompt, the run's ensemble scores them once, and the unbiased estimator gives proxy
+and gold scores by n for each member and each ensemble rule."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ def gold_length(completion_text: str, target: str) -> dict:
     return {"reward": float(len(completion_text))}
 
 
+def length_penalty(completion_text: str, target: str) -> dict:
+    """A second proxy member: shorter is better."""
+    return {"reward": -0.1 * len(completion_text)}
+
+
 def test_bon_on_a_checkpoint(default_model_dir, tmp_path):
     checkpoint = tmp_path / "checkpoint-1"
     checkpoint.mkdir()
@@ -34,6 +40,10 @@ def test_bon_on_a_checkpoint(default_model_dir, tmp_path):
             "train_file": str(ROOT / "data/conciseness/train.parquet"),
             "eval_file": str(ROOT / "data/conciseness/test.parquet"),
             "reward_func_path": "engine.rewards.conciseness.compute_score",
+            "reward_source": "ensemble",
+            "ensemble_members": "engine.rewards.conciseness.compute_score,"
+            "tests.integration.test_bon.length_penalty",
+            "uwo_weight": 0.5,
             "output_dir": str(tmp_path),
             "max_tokens": 16,
             "max_model_len": 512,
@@ -65,11 +75,22 @@ def test_bon_on_a_checkpoint(default_model_dir, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     print(result.stdout)
-    points = json.loads(out.read_text())
-    assert [p["n"] for p in points] == [1, 2, 4]
-    proxies = [p["proxy_score"] for p in points]
-    assert proxies == sorted(proxies)  # the proxy's own pick can only improve with n
-    assert proxies[-1] <= 0.0  # conciseness rewards are minus a distance
+    curves = json.loads(out.read_text())
+    # each member alone, then the ensemble's rules, the run's uwo_weight by default
+    assert list(curves) == [
+        "bon/member/conciseness",
+        "bon/member/length_penalty",
+        "bon/mean",
+        "bon/min",
+        "bon/uwo/0.5",
+    ]
+    for points in curves.values():
+        assert [p["n"] for p in points] == [1, 2, 4]
+        proxies = [p["proxy_score"] for p in points]
+        assert proxies == sorted(proxies)  # the proxy's own pick can only improve with n
+    assert curves["bon/member/conciseness"][-1]["proxy_score"] <= 0.0  # minus a distance
+    golds = [points[0]["gold_score"] for points in curves.values()]
+    assert golds == pytest.approx([golds[0]] * len(golds))  # n = 1: any answer, whoever picks
 
 
 def test_bon_refuses_a_folder_that_is_not_a_checkpoint(tmp_path):
