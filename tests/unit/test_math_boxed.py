@@ -3,14 +3,15 @@
 must agree on every case, with `fast` on and off.
 
 The reference is under a non-commercial licence, so none of its code is in this repository;
-tests/unit/data/math_boxed_golden.jsonl holds what it returned (upstream commit 574a9d1,
-Python 3.11, math-verify 0.9.0, pylatexenc 2.11, sympy 1.14.0). Each line is one case: its
-inputs (`completion`, `ground_truth`: text, a number or a list), `kind` and the reference's
-`formatted`, `fast` (its reward with fast=True) and `full` (fast=False, as its trainer calls
-it). Kinds: "curated" are answers to 34 MATH-style truths written in the forms a model writes
-them (equal forms, equal values in other forms, units, wrong ones) inside two completion
-wrappers, and edge cases of the box; "cross" pairs each truth with four answers of other
-truths (seed 20261129); "truth_type" gives the truth as a list or a number.
+tests/unit/data/math_boxed_golden.jsonl holds what it returned (the snapshot of its es_at_scale/
+package that issue 35 was checked against, Python 3.11, math-verify 0.9.0, pylatexenc 2.11,
+sympy 1.14.0). Each line is one case: its inputs (`completion`, `ground_truth`: text, a number
+or a list), `kind` and the reference's `formatted`, `fast` (its reward with fast=True) and
+`full` (fast=False, as its trainer calls it). Kinds: "curated" are answers to 34 MATH-style
+truths written in the forms a model writes them (equal forms, equal values in other forms,
+units, wrong ones) inside two completion wrappers, and edge cases of the box; "cross" pairs each
+truth with four answers of other truths (seed 20261129); "truth_type" gives the truth as a list
+or a number.
 
 To regenerate, in a scratch directory outside this repository with the reference's
 math_grader.py and its dependencies: for each line call `boxed_reward_fn(completion,

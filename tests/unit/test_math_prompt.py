@@ -1,9 +1,9 @@
 """ES at Scale's math prompt layout (VsonicV/es-at-scale,
 es_at_scale/template_function/apply_template.py, `qwen_math_template`) as ES Lab's own
-engine.prompts.chatml_prompt. Figures of the reference (upstream commit 574a9d1), measured on
-its template for the question "QQQ": 153 characters in all, 117 before the question and 33
-after, a 70-character system text, 5 line breaks, 3 turn openings and 2 turn ends; with its
-system text the prompt's SHA-256 is REFERENCE_QQQ_SHA256."""
+engine.prompts.chatml_prompt. Figures of the reference (the snapshot issue 35 was checked
+against), measured on its template for the question "QQQ": 153 characters in all, 117 before the
+question and 33 after, a 70-character system text, 5 line breaks, 3 turn openings and 2 turn
+ends; with its system text the prompt's SHA-256 is REFERENCE_QQQ_SHA256."""
 
 from __future__ import annotations
 
