@@ -80,6 +80,25 @@ def schedule(
     return charts.planned_chart(done, plan, key)
 
 
+def eval_sets_figure(
+    store: Store, run: RunRecord, x: str = "step", smoothing: float = 0.0
+) -> alt.LayerChart | None:
+    """pass@1 of each of the run's eval_sets and their mean, one line each; None for a run
+    without eval_sets."""
+    keys = [k for k in store.metric_keys(run.id) if mk.EVAL_SET_KEY.fullmatch(k)]
+    if not keys:
+        return None
+    lines = [
+        charts.frame(store.metric_buckets(run.id, key), x, smoothing).assign(
+            set=mk.EVAL_SET_KEY.fullmatch(key)["name"]
+        )
+        for key in sorted(keys)
+    ]
+    mean = charts.frame(store.metric_buckets(run.id, mk.EVAL_SETS_MEAN), x, smoothing)
+    frame = pd.concat([*lines, mean.assign(set="mean")])
+    return charts.metric_chart(frame, x, "eval pass@1 per set", color="set", band=False)
+
+
 def metric_figures(
     store: Store, run: RunRecord, x: str = "step", smoothing: float = 0.0
 ) -> list[alt.LayerChart]:
@@ -89,6 +108,8 @@ def metric_figures(
         df = charts.frame(store.metric_buckets(run.id, key), x, smoothing)
         if not df.empty:
             figures.append(charts.metric_chart(df, x, charts.words(key), key=key))
+    if (sets := eval_sets_figure(store, run, x, smoothing)) is not None:
+        figures.append(sets)
     figures += [schedule(store, run, *options) for options in SCHEDULES]
     phases = [
         charts.frame(store.metric_buckets(run.id, mk.time_key(p)), x).assign(phase=p)

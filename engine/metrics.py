@@ -107,6 +107,21 @@ report, which a sweep may take as its objective."""
 TRAIN_ACCURACY = reward_key(TRAIN, ACCURACY)  # over every member's completions of the step
 EVAL_ACCURACY = reward_key(EVAL, ACCURACY)  # the share of eval prompts solved
 
+EVAL_SETS_MEAN = "eval/avgpass@1/mean"
+"""The plain mean over the run's eval_sets of their eval_set_key values: ES at Scale's
+`eval/avgpass@1/mean` (VsonicV/es-at-scale, trainer/es_trainer.py `eval_step`)."""
+
+
+def eval_set_key(name: str) -> str:
+    """`eval/<name>/pass@1/mean`: the mean reward on eval set `name` (one greedy completion a
+    prompt, so with a 0/1 reward the share solved), ES at Scale's key for each evaluation set.
+    A reward part statistic by its shape (REWARD_PART_KEY)."""
+    return reward_key(EVAL, name, "pass@1/mean")
+
+
+EVAL_SET_KEY = re.compile(r"eval/(?P<name>[^/]+)/pass@1/mean")
+"""An eval_set_key, its set's name as `name`."""
+
 
 COMPLETION_STATS = (
     "mean_length",

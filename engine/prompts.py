@@ -6,8 +6,10 @@ ES at Scale's countdown prompt (VsonicV/es-at-scale, the `context` field of its 
 fed through unchanged by `countdown_template` in `es_at_scale/template_function/apply_template.py`)
 ends in "<think>", and the Safe-RLHF alignment fork (jbejjani2022/es-fine-tuning-paper,
 `alignment/es-fine-tuning_alignment_accl_api.py`) prompts "BEGINNING OF CONVERSATION: USER: ...
-ASSISTANT:". A run says which kind its datasets hold (`prompt_format`), and a dataset of the
-other kind is refused when the run is planned.
+ASSISTANT:", and ES at Scale's math task (`qwen_math_template` there) writes each problem
+into Qwen's ChatML turns under a system instruction (chatml_prompt). A run says which kind its
+datasets hold (`prompt_format`), and a dataset of the other kind is refused when the run is
+planned.
 
 Light on purpose (no pyarrow, no vLLM): the configuration schema imports it.
 """
@@ -28,6 +30,26 @@ Prompt = Messages | str
 CONVERSATION_BEGIN = "BEGINNING OF CONVERSATION:"
 CONVERSATION_USER = "USER:"
 CONVERSATION_ASSISTANT = "ASSISTANT:"
+
+# Qwen's ChatML turn markers, the layout its models' chat templates write.
+CHATML_START = "<|im_start|>"
+CHATML_END = "<|im_end|>"
+# ES Lab's own instruction for math problems answered in \boxed{} (engine.rewards.math_boxed
+# grades the last box); the reference's own words come from the user's copy of its template
+# file (engine.data.math_es_at_scale).
+MATH_SYSTEM = "Solve the problem step by step, then write only the final answer inside \\boxed{}."
+
+
+def chatml_prompt(user: str, system: str = MATH_SYSTEM) -> str:
+    """`user`'s problem as a raw ChatML prompt: a system turn, the user turn and an open
+    assistant turn. ES at Scale writes its math prompts so whatever the model (Qwen's markers
+    are hard-coded in its template, not taken from the tokenizer), so they are raw text here
+    too; for a Qwen model it is what the chat template gives the same two messages."""
+    return (
+        f"{CHATML_START}system\n{system}{CHATML_END}\n"
+        f"{CHATML_START}user\n{user}{CHATML_END}\n"
+        f"{CHATML_START}assistant\n"
+    )
 
 
 def conversation_prompt(user: str) -> str:

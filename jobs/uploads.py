@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.config.eval_sets import parse_eval_sets
 from engine.data.uploads import stale_uploads
 from engine.paths import resolve_path
 from jobs.store.store import Store
@@ -17,10 +18,15 @@ LIST_MARGIN = 1000
 
 def referenced_files(store: Store) -> set[Path]:
     """Every file path that a stored run's configuration names (any option, so a dataset
-    named as eval_file counts as well as train_file), resolved as a run resolves it, links
-    followed as opening the file follows them."""
+    named as eval_file counts as well as train_file, and each file of eval_sets), resolved as
+    a run resolves it, links followed as opening the file follows them."""
     runs = store.list_runs(limit=store.count_runs() + LIST_MARGIN)
     named = {v for run in runs for v in run.config.values() if isinstance(v, str) and v.strip()}
+    for run in runs:
+        try:
+            named.update(parse_eval_sets(run.config.get("eval_sets")).values())
+        except ValueError:  # a stored value the rules would refuse names no file
+            continue
     found = set()
     for value in named:
         try:

@@ -1,4 +1,4 @@
-"""`eslab data countdown | gsm8k | conciseness`: generate or convert datasets;
+"""`eslab data countdown | gsm8k | math | conciseness`: generate or convert datasets;
 `eslab data clean-uploads`: remove dashboard uploads that no run uses. `generate` runs a
 generating command line in-process (the New run form's button for a preset's data)."""
 
@@ -30,7 +30,8 @@ REFERENCE_DATA = (
     "data/countdown3 and data/gsm8k train.parquet and test.parquet load as they are (name them "
     "as train_file and eval_file), and ES at Scale's archive/countdown/data/countdown.json "
     "converts with its own prompts and splits: eslab data countdown --format es-at-scale "
-    "--input FILE."
+    "--input FILE. ES at Scale's math DatasetDict folders convert with eslab data math, its "
+    "prompt text read from your copy of its template file (--template)."
 )
 
 
@@ -83,6 +84,31 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     gsm8k.add_argument("--input", required=True, help="GSM8K jsonl: question, answer ... #### N")
     gsm8k.add_argument("--out", required=True, type=config_out, help="parquet file" + OUT_HELP)
     gsm8k.set_defaults(func=cmd_data_gsm8k)
+    math = data_cmds.add_parser(
+        "math",
+        help="convert ES at Scale's math DatasetDict folders (load_from_disk layout, rows "
+        "problem/answer): each evaluation split to eval/<split>.parquet for eval_sets, the "
+        "training set to train.parquet; raw ChatML prompts graded by math_boxed",
+        description=REFERENCE_DATA,
+    )
+    math.add_argument(
+        "--input",
+        required=True,
+        help="the evaluation DatasetDict folder (holding dataset_dict.json), e.g. ES at "
+        "Scale's datasets/evaluation_suite/math",
+    )
+    math.add_argument(
+        "--train", help="the training DatasetDict folder, e.g. datasets/train/math_lvl3to5_8k"
+    )
+    math.add_argument(
+        "--template",
+        help="your copy of ES at Scale's template_function/apply_template.py: its "
+        "qwen_math_template's prompt text is used (read, not run); ES Lab's own without it",
+    )
+    math.add_argument(
+        "--out", required=True, type=config_out, help="folder for the parquet files" + OUT_HELP
+    )
+    math.set_defaults(func=cmd_data_math)
     safe = data_cmds.add_parser(
         "safe-rlhf",
         help="convert the alignment fork's prompt file (custom_train_250.jsonl, ...)",
@@ -188,6 +214,16 @@ def cmd_data_gsm8k(args: argparse.Namespace) -> int:
     from engine.data.gsm8k import convert_gsm8k
 
     print(convert_gsm8k(args.input, args.out).summary)
+    return 0
+
+
+def cmd_data_math(args: argparse.Namespace) -> int:
+    from engine.data.math_es_at_scale import convert_math_es_at_scale
+
+    result = convert_math_es_at_scale(
+        args.input, args.out, train_dir=args.train, template_file=args.template
+    )
+    print(result.summary)
     return 0
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config.errors import FieldError, show
+from engine.config.eval_sets import parse_eval_sets
 from engine.config.fields import METHODS
 from engine.config.schema import SPECS
 from engine.rewards import path_refusal
@@ -107,15 +108,29 @@ def _best_needs_eval(v: dict[str, Any]) -> Iterator[FieldError]:
         )
 
 
-@_rule("eval_strategy", "eval_file")
+@_rule("eval_strategy", "eval_file", "eval_sets")
 def _eval_file(v: dict[str, Any]) -> Iterator[FieldError]:
-    if v["eval_strategy"] != "no" and v["eval_file"] is None:
+    if v["eval_strategy"] != "no" and v["eval_file"] is None and v["eval_sets"] is None:
         yield FieldError(
             "eval_file",
             f"data.eval_file is required when eval_strategy is "
-            f"{v['eval_strategy']!r}, got None: give a parquet file or set "
-            "eval_strategy 'no'",
+            f"{v['eval_strategy']!r}, got None: give a parquet file (or data.eval_sets) or "
+            "set eval_strategy 'no'",
         )
+
+
+@_rule("eval_sets")
+def _eval_sets(v: dict[str, Any]) -> Iterator[FieldError]:
+    from engine.paths import input_problem
+
+    try:
+        sets = parse_eval_sets(v["eval_sets"])
+    except ValueError as exc:
+        yield FieldError("eval_sets", f"data.eval_sets {exc}")
+        return
+    for name, path in sets.items():
+        if problem := input_problem(path):
+            yield FieldError("eval_sets", f"data.eval_sets: set {name!r}, {path[:200]!r} {problem}")
 
 
 _METHOD_SPECIFIC = tuple(s for s in SPECS.values() if s.methods != METHODS)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from engine.config.errors import ConfigError, FieldError
+from engine.config.eval_sets import format_eval_sets, parse_eval_sets
 from engine.config.fields import (
     METHODS,
     FieldSpec,
@@ -305,8 +306,19 @@ class DataConfig:
     )
     eval_file: str | None = option(
         None,
-        "Parquet file of evaluation prompts; needed when eval_strategy is not 'no'.",
+        "Parquet file of evaluation prompts; needed when eval_strategy is not 'no', unless "
+        "eval_sets is given.",
         label="Evaluation dataset",
+    )
+    eval_sets: str | None = option(
+        None,
+        "More evaluation sets, each reported on its own, as ES at Scale's math task does: "
+        "name=parquet pairs separated by commas (math500=data/math/math500.parquet,"
+        "aime24=data/math/aime24.parquet). Every evaluation runs them with eval_file and logs "
+        "eval/<name>/pass@1/mean (the set's mean reward, one greedy completion a prompt) and "
+        "their mean eval/avgpass@1/mean; eval/reward/mean and the other eval metrics are "
+        "over all the prompts evaluated.",
+        label="Evaluation sets",
     )
     prompt_format: str = option(
         "chat",
@@ -342,6 +354,10 @@ class DataConfig:
         label="Output folder",
         required=True,
     )
+
+    def eval_set_files(self) -> dict[str, str]:
+        """eval_sets as `{name: file}` (the rules have refused a malformed value)."""
+        return parse_eval_sets(self.eval_sets)
 
 
 @dataclass(frozen=True)
@@ -832,6 +848,9 @@ class RunConfig:
                 self.data,
                 train_file=resolved(self.data.train_file),
                 eval_file=resolved(self.data.eval_file),
+                eval_sets=format_eval_sets(
+                    {n: str(resolve_path(p)) for n, p in self.data.eval_set_files().items()}
+                ),
                 output_dir=resolved(self.data.output_dir),
             ),
         )

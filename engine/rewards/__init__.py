@@ -56,6 +56,7 @@ BUILTIN_REWARDS: dict[str, str] = {
     "countdown": "engine.rewards.countdown.compute_score",
     "countdown_es_at_scale": "engine.rewards.countdown_es_at_scale.compute_score",
     "gsm8k": "engine.rewards.gsm8k.compute_score",
+    "math_boxed": "engine.rewards.math_boxed.compute_score",
     "conciseness": "engine.rewards.conciseness.compute_score",
 }
 

@@ -63,7 +63,9 @@ def train(
         step_fn = _step_function(config, lora, aligner)
         evaluating = config.eval.eval_strategy != "no"
         if evaluating and config.eval.eval_before_train and state.global_step == 0:
-            baseline = evaluate(config, pool, data.eval_set, step=0, aligner=aligner)
+            baseline = evaluate(
+                config, pool, data.eval_set, step=0, aligner=aligner, eval_parts=data.eval_parts
+            )
             sink.log_step(baseline)
             checkpoints.keep_if_best(state, baseline)
 
@@ -118,7 +120,14 @@ def train(
             )
             step = state.global_step
             evaluation = (
-                evaluate(config, pool, data.eval_set, step=step, aligner=aligner)
+                evaluate(
+                    config,
+                    pool,
+                    data.eval_set,
+                    step=step,
+                    aligner=aligner,
+                    eval_parts=data.eval_parts,
+                )
                 if _due(
                     config.eval.eval_strategy,
                     config.eval.eval_steps,
@@ -234,7 +243,7 @@ def _after_skip(
         return strategy == "epoch" and (epoch_ended or last)
 
     if due(config.eval.eval_strategy, config.eval.eval_steps):
-        evaluation = evaluate(config, pool, data.eval_set, step=step)
+        evaluation = evaluate(config, pool, data.eval_set, step=step, eval_parts=data.eval_parts)
         sink.log_step(evaluation)
         checkpoints.keep_if_best(state, evaluation)
     if due(config.eval.save_strategy, config.eval.save_steps):

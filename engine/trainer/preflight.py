@@ -4,7 +4,7 @@ uses (the data and its batches, the engines, the LoRA population)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.backends.pool import EnginePool
@@ -26,6 +26,8 @@ class TrainingData:
     eval_set: list[Example]
     batches: Batches
     total_steps: int
+    eval_parts: dict[str, range] = field(default_factory=dict)
+    """Each of data.eval_sets as its rows of eval_set (which holds eval_file's rows first)."""
 
     def examples(self, position: Position) -> list[Example]:
         return [self.train_set[i] for i in self.batches.indices(position)]
@@ -43,8 +45,14 @@ def load_data(config: RunConfig) -> TrainingData:
         if config.data.eval_file
         else []
     )
+    eval_parts: dict[str, range] = {}
+    for name, path in config.data.eval_set_files().items():
+        start = len(eval_set)
+        eval_set += load_dataset(resolve_path(path), expected_format=kind)
+        eval_parts[name] = range(start, len(eval_set))
     batches = Batches(len(train_set), config.data.data_batch_size, config.data.seed)
-    return TrainingData(train_set, eval_set, batches, config.total_steps(batches.per_epoch))
+    steps = config.total_steps(batches.per_epoch)
+    return TrainingData(train_set, eval_set, batches, steps, eval_parts)
 
 
 def plan_total_steps(config: RunConfig) -> int:
@@ -59,9 +67,18 @@ def plan_total_steps(config: RunConfig) -> int:
     if (folder := local_model(config.model.model)) is not None:
         check_model_dir(folder)  # a hub id is checked when it is downloaded, by the worker
     data = load_data(config)
+    sets = config.data.eval_set_files()
+    first_set = min((rows.start for rows in data.eval_parts.values()), default=len(data.eval_set))
+    datasets = [
+        (f"data.train_file {config.data.train_file}", data.train_set),
+        (f"data.eval_file {config.data.eval_file}", data.eval_set[:first_set]),
+        *(
+            (f"data.eval_sets {name}={sets[name]}", data.eval_set[rows.start : rows.stop])
+            for name, rows in data.eval_parts.items()
+        ),
+    ]
     for path, func in functions.items():
-        for option, examples in (("train_file", data.train_set), ("eval_file", data.eval_set)):
-            where = f"data.{option} {getattr(config.data, option)}"
+        for where, examples in datasets:
             check_arguments(path, func, (e.reward_func_args for e in examples), where)
     return data.total_steps
 

@@ -8,8 +8,8 @@ Options that may not be swept, and why:
   the swept option; make one sweep per method.
 - `run_name` and `output_dir`: they identify a run and its files; every run of a sweep gets
   its own.
-- `eval_file`: the evaluation set is what eval metrics, and so the objective, measure;
-  runs scored on different sets cannot be ranked against each other.
+- `eval_file` and `eval_sets`: the evaluation sets are what eval metrics, and so the
+  objective, measure; runs scored on different sets cannot be ranked against each other.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ NOT_SWEPT: dict[str, str] = {
     "run_name": "every run of a sweep gets its own name",
     "output_dir": "every run of a sweep gets its own output folder",
     "eval_file": "eval metrics measure this set, so runs evaluated on different sets cannot "
+    "be ranked against each other",
+    "eval_sets": "eval metrics measure these sets, so runs evaluated on different sets cannot "
     "be ranked against each other",
 }
 PARAMETER_KEYS = ("values", "low", "high", "log")

@@ -5,10 +5,12 @@ population chart's dots naming each member's seed, raw and shaped fitness."""
 from __future__ import annotations
 
 import altair as alt
+import pandas as pd
 from streamlit.testing.v1 import AppTest
 
 from app import run_charts
 from app.views import MISSING
+from engine import metrics as mk
 from engine.sink import PopulationRecord, StepReport
 from tests.app.test_pages import MAIN, TIMEOUT, page
 
@@ -82,3 +84,20 @@ def test_a_members_dot_names_its_seed_and_raw_and_shaped_fitness(store):
     rows = dots.data[dots.data["step"] == 3]
     assert list(rows["seed"]) == [1000, 1001, 1002, 1003]
     assert list(rows["shaped_fitness"]) == [0, -1, -2, -3]
+
+
+def test_a_run_with_eval_sets_charts_each_set_and_their_mean(store):
+    run = store.search_runs(text="alpha")[0][0]
+    assert run_charts.eval_sets_figure(store, run) is None
+    for step, (math500, aime24) in enumerate([(0.25, 0.0), (0.5, 0.1)]):
+        metrics = {
+            mk.eval_set_key("math500"): math500,
+            mk.eval_set_key("aime24"): aime24,
+            mk.EVAL_SETS_MEAN: (math500 + aime24) / 2,
+        }
+        store.record_step(run.id, StepReport(step=step, metrics=metrics))
+    figures = run_charts.metric_figures(store, run)
+    (chart,) = [f for f in figures if chart_titles(f)[0] == "eval pass@1 per set"]
+    data = chart.data if isinstance(chart.data, pd.DataFrame) else chart.layer[0].data
+    last = data[data["step"] == 1].set_index("set")["value"].to_dict()
+    assert last == {"aime24": 0.1, "math500": 0.5, "mean": 0.3}

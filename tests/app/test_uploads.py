@@ -210,6 +210,17 @@ def test_unused_old_uploads_are_removed(store, dataset, tmp_path, capsys):
     assert clean_uploads(store) == []
 
 
+def test_an_upload_named_in_eval_sets_is_used(store, dataset, tmp_path):
+    used = keep_upload(dataset.read_bytes(), "math500.parquet").path
+    day_ago = time.time() - 25 * 3600
+    os.utime(used, (day_ago, day_ago))
+    config = make_config(dataset, tmp_path / "out").to_flat()
+    config["eval_sets"] = f"math500={used},aime={dataset}"
+    store.create_run(name="uses-an-upload-as-an-eval-set", method="es", config=config)
+    assert clean_uploads(store) == []
+    assert kept_files() == [used]
+
+
 def test_a_kept_upload_removes_unused_old_ones(store, dataset):
     old = keep_upload(dataset.read_bytes(), "old.parquet").path
     day_ago = time.time() - 25 * 3600

@@ -6,6 +6,7 @@ from engine.presets import load_preset, preset_info, preset_names, preset_path
 PRESETS = [
     "es-alignment",
     "es-at-scale-countdown",
+    "es-at-scale-math",
     "es-conciseness",
     "es-countdown",
     "lbes-conciseness",
@@ -14,7 +15,7 @@ PRESETS = [
 COUNTDOWN = ["es-at-scale-countdown", "es-countdown", "lbes-countdown"]
 # Presets that run a reference's experiment as it is, on the reference's model; the others are
 # adjusted for the default model.
-AS_THE_PAPER = ["es-at-scale-countdown"]
+AS_THE_PAPER = ["es-at-scale-countdown", "es-at-scale-math"]
 
 
 def test_the_presets_exist():

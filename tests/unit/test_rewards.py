@@ -191,6 +191,7 @@ def test_every_builtin_loads_and_scores(name):
         "countdown": {"target": 8, "numbers": [5, 3]},
         "countdown_es_at_scale": {"target": "8", "numbers": [5, 3]},
         "gsm8k": {"ground_truth": "8"},
+        "math_boxed": {"ground_truth": "8"},
         "conciseness": {"target": "8"},
     }[name]
     scores = score_completion(
