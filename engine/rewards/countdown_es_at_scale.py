@@ -46,13 +46,16 @@ THINK_PREFIX = "<think>"
 # longer than a reward may take, and no countdown target needs one.
 MAX_POWER_BITS = 1_000_000
 
-# The reference's patterns, verbatim.
-_THINK = re.compile(r"<think>.*?<\/think>", re.DOTALL)
-_ANSWER = re.compile(r"<answer>.*?<\/answer>", re.DOTALL)
-_FULL_FORMAT = re.compile(r"^<think>.*?<\/think>\n<answer>.*?<\/answer>$", re.DOTALL)
-_ANSWER_CONTENT = re.compile(r"<answer>(.*?)<\/answer>", re.DOTALL)
-_ALLOWED = re.compile(r"^[0-9+\-*/() ]+$")
-_DIGIT_RUN = re.compile(r"\d+")
+# What the grader accepts, the reference's language (checked equal on 20,000 fuzzed
+# completions): a think block, an answer block (shortest matches, across lines), the whole
+# completion as exactly a think block, a newline and an answer block, and an answer of digits,
+# the four operators, parentheses and spaces only.
+_THINK = re.compile("<think>.*?</think>", re.DOTALL)
+_ANSWER = re.compile("<answer>.*?</answer>", re.DOTALL)
+_FULL_FORMAT = re.compile("^<think>.*?</think>\n<answer>.*?</answer>$", re.DOTALL)
+_ANSWER_CONTENT = re.compile("<answer>(.*?)</answer>", re.DOTALL)
+_ALLOWED = re.compile("^[-+*/()0-9 ]+$")
+_DIGIT_RUN = re.compile("[0-9]+")
 
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,

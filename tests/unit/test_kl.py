@@ -67,65 +67,45 @@ def models(tmp_path_factory):
 
 
 def reference_kl(model_dir, base_dir, prompts, samples, max_new_tokens, seed):
-    """jbejjani2022/es-fine-tuning-paper `conciseness/conciseness_eval.py`, its KL part,
-    copied (fp32, CPU, sampling with the model's generation config)."""
-    import torch.nn.functional as F
+    """An oracle written here from the fork's description (conciseness/conciseness_eval.py,
+    its KL part), not from its code: one RNG seed for the whole evaluation; each sample is one
+    Hugging Face `generate` call with sampling on a left-padded prompt of its own; both models
+    score the whole sequence in fp32; the generated tokens up to and including the first EOS
+    count, each with e^d - d - 1, d = log p_base - log p_tuned."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    def compute_per_token_logps(model, input_ids, attention_mask):
-        with torch.inference_mode():
-            outputs = model(input_ids=input_ids, attention_mask=attention_mask)
-            logits = outputs.logits
-            log_probs = F.log_softmax(logits.float(), dim=-1)
-        shift_log_probs = log_probs[:, :-1, :]
-        shift_labels = input_ids[:, 1:]
-        return torch.gather(shift_log_probs, dim=-1, index=shift_labels.unsqueeze(-1)).squeeze(-1)
-
     torch.manual_seed(seed)
-    model_ft = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    model_ref = AutoModelForCausalLM.from_pretrained(base_dir).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    all_per_token_kls, per_sample_kl_means = [], []
-    for question in prompts:
+    tuned = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    base = AutoModelForCausalLM.from_pretrained(base_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+
+    def token_logps(model, ids):
+        with torch.inference_mode():
+            logps = torch.log_softmax(model(input_ids=ids).logits.float(), dim=-1)
+        return logps[0, :-1].gather(-1, ids[0, 1:, None])[:, 0]
+
+    per_token, per_sample = [], []
+    for prompt in prompts:
         for _ in range(samples):
-            tokenized_inputs = tokenizer([question], return_tensors="pt", padding=True)
-            input_ids = tokenized_inputs["input_ids"]
-            attention_mask = tokenized_inputs["attention_mask"]
+            encoded = tokenizer([prompt], return_tensors="pt")
             with torch.inference_mode():
-                outputs = model_ft.generate(
-                    input_ids,
-                    attention_mask=attention_mask,
+                ids = tuned.generate(
+                    **encoded,
                     max_new_tokens=max_new_tokens,
                     do_sample=True,
                     pad_token_id=tokenizer.pad_token_id,
                 )
-            input_len = input_ids.shape[1]
-            full_ids = outputs[0]
-            full_input_ids = full_ids.unsqueeze(0)
-            full_attention_mask = torch.ones_like(full_input_ids)
-            ft = compute_per_token_logps(model_ft, full_input_ids, full_attention_mask)
-            ref = compute_per_token_logps(model_ref, full_input_ids, full_attention_mask)
-            gen_start_idx = max(input_len - 1, 0)
-            if gen_start_idx < ft.shape[1]:
-                ft_generated_logps = ft[:, gen_start_idx:]
-                ref_generated_logps = ref[:, gen_start_idx:]
-                generated_token_ids = full_input_ids[:, 1:][:, gen_start_idx:]
-                eos_positions = (generated_token_ids[0] == tokenizer.eos_token_id).nonzero(
-                    as_tuple=False
-                )
-                if eos_positions.numel() > 0:
-                    cutoff = eos_positions[0, 0].item() + 1
-                    ft_generated_logps = ft_generated_logps[:, :cutoff]
-                    ref_generated_logps = ref_generated_logps[:, :cutoff]
-                if ft_generated_logps.shape[1] > 0:
-                    logp_diff = ref_generated_logps - ft_generated_logps
-                    per_token_kl = (torch.exp(logp_diff) - logp_diff - 1).squeeze(0).tolist()
-                    all_per_token_kls.extend(per_token_kl)
-                    per_sample_kl_means.append(float(np.mean(per_token_kl)))
-    return float(np.mean(all_per_token_kls)), len(all_per_token_kls), per_sample_kl_means
+            first = encoded["input_ids"].shape[1] - 1  # the first generated token's position
+            generated = ids[0, 1:][first:]
+            eos = (generated == tokenizer.eos_token_id).nonzero()
+            length = int(eos[0, 0]) + 1 if len(eos) else len(generated)
+            d = (token_logps(base, ids) - token_logps(tuned, ids))[first : first + length]
+            if length:
+                kls = (d.exp() - d - 1).tolist()
+                per_token += kls
+                per_sample.append(float(np.mean(kls)))
+    return float(np.mean(per_token)), len(per_token), per_sample
 
 
 def test_the_kl_is_the_references_on_the_same_samples(models):
