@@ -114,12 +114,17 @@ def stop_head(head: Head) -> int:
     agents, workers), then remove the dir; returns how many processes there were. SIGTERM
     first: `ray start --block` then stops its processes itself; whatever is left after
     STOP_WAIT_S is killed."""
-    processes = [p for p in psutil.process_iter(["cmdline"]) if _runs_in(p, head.temp_dir)]
+    processes = head_processes(head.temp_dir)
     if (main := head_process(head)) is not None and main not in processes:
         processes.append(main)
     _stop(processes)
     shutil.rmtree(head.temp_dir, ignore_errors=True)
     return len(processes)
+
+
+def head_processes(temp_dir: str) -> list[psutil.Process]:
+    """Every live process that runs in a head's temp dir: what of the head is left."""
+    return [p for p in psutil.process_iter(["cmdline"]) if _runs_in(p, temp_dir)]
 
 
 def _runs_in(process: psutil.Process, temp_dir: str) -> bool:

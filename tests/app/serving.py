@@ -14,8 +14,6 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-
 from engine.paths import PROJECT_ROOT
 from tests.app.browser import free_port
 
@@ -40,9 +38,11 @@ def serve_env(db_url: str, **settings: str) -> dict[str, str]:
 
 
 @contextmanager
-def eslab_serve(env: Mapping[str, str], log_path: Path) -> Iterator[str]:
-    """The dashboard URL of an `eslab serve` with `env`, its output in `log_path`."""
-    port = free_port()
+def eslab_serve(env: Mapping[str, str], log_path: Path, port: int | None = None) -> Iterator[str]:
+    """The dashboard URL of an `eslab serve` with `env` on `port` (a free one by default), its
+    output in `log_path`. Raises RuntimeError when it does not come up (bench/soak.py uses it
+    outside pytest too)."""
+    port = port or free_port()
     with log_path.open("w") as log:
         process = subprocess.Popen(
             [ESLAB, "serve", "--port", str(port)],
@@ -56,7 +56,7 @@ def eslab_serve(env: Mapping[str, str], log_path: Path) -> Iterator[str]:
             deadline = time.monotonic() + START_DEADLINE_S
             while not answers(f"{base}/_stcore/health"):
                 if process.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("eslab serve did not start: " + log_path.read_text())
+                    raise RuntimeError("eslab serve did not start: " + log_path.read_text())
                 time.sleep(0.5)
             yield base
         finally:

@@ -141,7 +141,7 @@ def test_a_serve_killed_outright_leaves_its_successor_its_head_port_and_lock(
     once, stops the old dashboard to serve on the same port, and adopts the head: the run
     goes on and succeeds with every step recorded once. Then nothing of either is left."""
     from engine import metrics as mk
-    from jobs.serve_leftovers import read_note, stop_head
+    from jobs.serve_leftovers import head_processes, read_note, stop_head
 
     run = queue_run(sqlite_store, tmp_path / "out", max_steps=40, save_steps=1000)
     database = sqlite_store.engine.url.render_as_string(hide_password=True)
@@ -174,7 +174,7 @@ def test_a_serve_killed_outright_leaves_its_successor_its_head_port_and_lock(
         steps = [p.step for p in sqlite_store.metric_series(run.id, mk.NOISE_STD)]
         assert steps == list(range(1, 41))
         assert second.ctrl_c(timeout=60) == 0, "\n".join(second.lines)
-        assert not ray_processes_of(note.head.temp_dir)
+        assert not head_processes(note.head.temp_dir)
         assert read_note(database) is None
     finally:
         first.kill()
@@ -190,7 +190,7 @@ def test_a_ray_head_that_dies_under_serve_is_replaced_and_its_run_fails_naming_r
     """Every process of the head killed (as the OOM killer might): the scheduler's next tick
     starts a new head, the run that trained on the old one fails naming its lost Ray job,
     and a run queued meanwhile runs on the new head."""
-    from jobs.serve_leftovers import read_note, stop_head
+    from jobs.serve_leftovers import head_processes, read_note, stop_head
 
     first = queue_run(sqlite_store, tmp_path / "a", name="a", max_steps=500, save_steps=1000)
     database = sqlite_store.engine.url.render_as_string(hide_password=True)
@@ -201,7 +201,7 @@ def test_a_ray_head_that_dies_under_serve_is_replaced_and_its_run_fails_naming_r
         wait_for(lambda: sqlite_store.get_run(first.id).step >= 2, 180, "the run to make steps")
         old = read_note(database).head
         heads.append(old)
-        for process in ray_processes_of(old.temp_dir):
+        for process in head_processes(old.temp_dir):
             process.kill()
         later = queue_run(sqlite_store, tmp_path / "b", name="b", max_steps=3)
         failed = wait_for(
@@ -213,7 +213,7 @@ def test_a_ray_head_that_dies_under_serve_is_replaced_and_its_run_fails_naming_r
         assert "unknown to Ray" in failed.error, failed.error
         assert serve.said(f"the Ray head at {old.address} stopped; starting a new one")
         heads.append(read_note(database).head)
-        assert heads[1].temp_dir != old.temp_dir and not ray_processes_of(old.temp_dir)
+        assert heads[1].temp_dir != old.temp_dir and not head_processes(old.temp_dir)
         done = wait_for(
             lambda: (r := sqlite_store.get_run(later.id)).status.is_terminal() and r,
             120,
@@ -221,19 +221,11 @@ def test_a_ray_head_that_dies_under_serve_is_replaced_and_its_run_fails_naming_r
         )
         assert done.status is RunStatus.SUCCEEDED, done.error
         assert serve.ctrl_c(timeout=60) == 0, "\n".join(serve.lines)
-        assert not ray_processes_of(heads[1].temp_dir)
+        assert not head_processes(heads[1].temp_dir)
     finally:
         serve.kill()
         for head in heads:
             stop_head(head)
-
-
-def ray_processes_of(temp_dir: str) -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        if any(temp_dir in part for part in process.info.get("cmdline") or []):
-            found.append(process)
-    return found
 
 
 def assert_ray_asks_for_the_token(ray_url: str, token: str) -> None:
