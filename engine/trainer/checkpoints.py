@@ -87,7 +87,7 @@ class Checkpoints:
         path = save_checkpoint(
             self.config, self.pool, state, self.output_dir, self.lora, best=self.best
         )
-        self.sink.log_checkpoint(state.global_step, str(path))
+        self._record(state, path)
         self.saved = state.global_step
 
     def keep_if_best(self, state: TrainerState, evaluation: StepReport) -> None:
@@ -126,7 +126,15 @@ class Checkpoints:
                 for_resume_only=True,
                 best=self.best,
             )
-            self.sink.log_checkpoint(state.global_step, str(path))
+            self._record(state, path)
+
+    def _record(self, state: TrainerState, path: Path) -> None:
+        """Record a new checkpoint, then rotate the old ones away: a worker stopped between
+        the two leaves one checkpoint too many, never a record of one that is gone (a soak
+        found a cancelled run whose recorded checkpoint had been rotated away before the
+        new one was recorded, so its resume failed)."""
+        self.sink.log_checkpoint(state.global_step, str(path))
+        rotate_checkpoints(self.config, self.output_dir, self.best)
 
     def save_final(self) -> Path:
         """The trained model as a Hugging Face folder in output_dir itself."""
@@ -147,7 +155,8 @@ def save_checkpoint(
     for_resume_only: bool = False,
     best: Best | None = None,
 ) -> Path:
-    """checkpoint-STEP/ in output_dir; only save_total_limit are kept.
+    """checkpoint-STEP/ in output_dir (`rotate_checkpoints` keeps save_total_limit of them,
+    once the new one is recorded).
 
     A stop (cancel) checkpoint is `for_resume_only`: master and state, no Hugging Face
     folder. Writing that folder takes seconds (3.4 s for the 135M model here) that a cancel
@@ -175,11 +184,15 @@ def save_checkpoint(
         raise
     shutil.rmtree(path, ignore_errors=True)
     partial.rename(path)  # a checkpoint folder is complete or absent, never half-written
+    return path
+
+
+def rotate_checkpoints(config: RunConfig, output_dir: Path, best: Best | None) -> None:
+    """Keep the save_total_limit newest checkpoints, and the best one besides."""
     kept = f"checkpoint-{best.best_step}" if best else None
     rotated = [p for p in list_checkpoints(output_dir) if p.name != kept]
     for old in rotated[: -config.eval.save_total_limit]:
         shutil.rmtree(old)
-    return path
 
 
 class CheckpointWriteError(OSError):

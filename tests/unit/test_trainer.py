@@ -4,6 +4,7 @@ tests/integration/test_training.py; here the fake makes exact, fast checks possi
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -196,6 +197,30 @@ def test_save_total_limit_keeps_the_newest_checkpoints(dataset, tmp_path):
     )
     assert [p.name for p in list_checkpoints(tmp_path / "out")] == ["checkpoint-4", "checkpoint-5"]
     assert [s for s, _ in sink.checkpoints] == [1, 2, 3, 4, 5]
+
+
+class StoppedAtRecording(MemorySink):
+    """A worker stopped while it records checkpoint 2 (the step's watchdog gave up on it)."""
+
+    def log_checkpoint(self, step: int, path: str) -> None:
+        if step == 2:
+            raise SystemExit("stopped")
+        super().log_checkpoint(step, path)
+
+
+def test_a_recorded_checkpoint_is_never_rotated_away_before_its_successor_is_recorded(
+    dataset, tmp_path
+):
+    """With one checkpoint kept, checkpoint 1 stays until checkpoint 2 is recorded: a resume
+    from what the run recorded must find its files."""
+    sink = StoppedAtRecording()
+    config = make_config(
+        dataset, tmp_path, max_steps=3, save_strategy="steps", save_steps=1, save_total_limit=1
+    )
+    with pytest.raises(SystemExit):
+        train(config, sink, pool=ToyPool())
+    (recorded,) = [path for _, path in sink.checkpoints]
+    assert (Path(recorded) / "trainer_state.json").is_file()
 
 
 def test_lbes_skips_steps_whose_samples_all_tie_and_gives_up_after_an_epoch(dataset, tmp_path):
