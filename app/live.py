@@ -1,9 +1,10 @@
 """What the live pages (Run, Runs) read on their timers, read once for all their viewers.
 
-Each viewer of a live page reruns its fragments every LIVE_SECONDS. Were each rerun to read
-the database and encode its charts itself, twenty viewers of one run would make the dashboard
-read the same rows and build the same Vega-Lite specs twenty times over, on the cores the
-run trains on (bench/dashboard_load.py measured it). Here a run's state and the Runs page's
+Each viewer of a live page reruns its status every LIVE_SECONDS and a run's charts every
+CHART_SECONDS. Were each rerun to read the database and encode its charts itself, twenty
+viewers of one run would make the dashboard read the same rows and build the same Vega-Lite
+specs twenty times over, on the cores the run trains on (bench/dashboard_load.py measured
+it). Here a run's state and the Runs page's
 rows are read at most once per FRESH_SECONDS for everyone (Streamlit computes a missing
 entry once while other sessions wait for it), and a run's charts are built once per recorded
 step, as Vega-Lite specs that each viewer only sends. An action that changes a run (cancel,
@@ -29,8 +30,12 @@ from jobs.scheduler import SchedulerSettings
 from jobs.store.records import EventRecord, RunRecord
 
 LIVE_SECONDS = 1.0
-"""How often a live page's fragments rerun: a new step shows within this plus FRESH_SECONDS
-(and the time to send it)."""
+"""How often a live page's status and table rerun: a new step's count shows within this plus
+FRESH_SECONDS (and the time to send it)."""
+CHART_SECONDS = 5.0
+"""How often a live run's charts rerun. Each rerun sends every chart's data again (a
+fragment that draws nothing loses its elements), so at LIVE_SECONDS twenty viewers kept the
+dashboard at 40 CPU-s a minute, taken from the run; the count above says a step is done."""
 FRESH_SECONDS = 0.5
 """How old a shared read may be when a viewer is shown it."""
 CHART_ENTRIES = 64

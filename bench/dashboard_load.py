@@ -39,7 +39,7 @@ from engine import metrics as mk
 from engine.paths import PROJECT_ROOT
 from jobs.service import dashboard_command, dashboard_env
 from jobs.store.migrate import upgrade
-from tests.app.browser import CHROMIUM, CHROMIUM_ARGS, free_port
+from tests.app.browser import CHROMIUM, CHROMIUM_ARGS, WAIT_MS, free_port
 
 POLL_S = 0.1
 SAMPLE_S = 15.0
@@ -140,6 +140,7 @@ def start_run(db_url: str, args: argparse.Namespace, out: Path, log: Path) -> su
         "model": str(args.model),
         "max_steps": 10_000,  # ended by this benchmark
         "max_tokens": args.max_tokens,
+        "population_size": args.population,
         "eval_strategy": "no",
         "save_strategy": "no",
         "output_dir": str(out),
@@ -197,18 +198,24 @@ class Usage:
 
 
 def step_figures(db: Path, run_id: int, steps: set[int]) -> str:
-    """Mean step time and tokens/s over `steps`, from the run's own metrics."""
+    """Median step time and tokens/s over `steps`, from the run's own metrics, and each
+    step's time (a shared machine's other work shows as outliers)."""
     con = sqlite3.connect(db, timeout=30)
 
-    def mean(key: str) -> float:
+    def values(key: str) -> list[float]:
         rows = con.execute(
-            "SELECT step, value FROM metrics WHERE run_id = ? AND key = ?", (run_id, key)
+            "SELECT step, value FROM metrics WHERE run_id = ? AND key = ? ORDER BY step",
+            (run_id, key),
         ).fetchall()
-        values = [v for s, v in rows if s in steps]
-        return statistics.fmean(values) if values else float("nan")
+        return [v for s, v in rows if s in steps] or [float("nan")]
 
-    step_s, tps = mean(mk.time_key("step")), mean(mk.TOKENS_PER_SECOND)
-    return f"step {step_s:6.2f} s  tokens/s {tps:6.1f}  ({len(steps)} steps)"
+    times = values(mk.time_key("step"))
+    each = " ".join(f"{t:.0f}" for t in times)
+    return (
+        f"step {statistics.median(times):6.2f} s  tokens/s "
+        f"{statistics.median(values(mk.TOKENS_PER_SECOND)):6.1f}  (medians of {len(steps)} "
+        f"steps; each: {each} s)"
+    )
 
 
 def browse(
@@ -222,6 +229,7 @@ def browse(
         pages = []
         for i in range(n):
             page = browser.new_page()
+            page.set_default_timeout(WAIT_MS)  # a loaded 2-core machine is slow to render
             page.goto(f"http://127.0.0.1:{port}/run?run={run_id}")
             pages.append((page, seen.recorder("chromium", i)))
         ready.set()
@@ -246,6 +254,12 @@ def main() -> None:
         "--alone-steps", type=int, default=3, help="steps with no viewer, before and after"
     )
     parser.add_argument("--max-tokens", type=int, default=16, help="the run's token budget")
+    parser.add_argument(
+        "--population",
+        type=int,
+        default=4,
+        help="the run's population (the preset's 8 took 40-100 s a step on 2 cores)",
+    )
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     args = parser.parse_args()
     if not args.model.is_dir():
@@ -350,7 +364,8 @@ def measure(
     print(
         f"\n{args.viewers} websocket viewers ({sum(1 for i in range(args.viewers) if i % 4 != 3)}"
         f" on the Run page, the rest on Runs) and {args.browsers} Chromium page(s), "
-        f"{args.minutes:g} min, real run (es-conciseness, max_tokens {args.max_tokens})"
+        f"{args.minutes:g} min, real run (es-conciseness, population {args.population}, "
+        f"max_tokens {args.max_tokens})"
     )
     for page in ("run", "runs", "chromium"):
         print(

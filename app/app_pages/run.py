@@ -126,7 +126,7 @@ def live_charts() -> None:
         columns[i % 2].vega_lite_chart(figure)
 
 
-st.fragment(run_every=refresh)(live_charts)()
+st.fragment(run_every=None if refresh is None else live.CHART_SECONDS)(live_charts)()
 
 config_tab, samples_tab, lbes_tab, align_tab, events_tab, ckpt_tab, export_tab = st.tabs(
     ["Configuration", "Samples", "LBES", "Alignment", "Events", "Checkpoints", "Export"],
