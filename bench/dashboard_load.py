@@ -230,7 +230,7 @@ def browse(
         for i in range(n):
             page = browser.new_page()
             page.set_default_timeout(WAIT_MS)  # a loaded 2-core machine is slow to render
-            page.goto(f"http://127.0.0.1:{port}/run?run={run_id}")
+            page.goto(f"http://127.0.0.1:{port}/run?run={run_id}", wait_until="commit")
             pages.append((page, seen.recorder("chromium", i)))
         ready.set()
         shown = "() => [...document.querySelectorAll('[data-testid=stMetricValue]')]" + (
