@@ -341,10 +341,11 @@ def measure(
         time.sleep(SAMPLE_S)
         usage.sample()
         load = os.getloadavg()
-        lat = seen.latencies("run", steps.committed, warm)
+        shown = {p: percentiles(seen.latencies(p, steps.committed, warm)) for p in ("run", "runs")}
         print(
             f"{(time.time() - opened) / 60:5.1f} min  step {steps.latest():3d}  "
-            f"run page {percentiles(lat)}  dashboard {usage.samples[-1][2]:.0f} MB "
+            f"run page {shown['run']}  runs page {shown['runs']}  "
+            f"dashboard {usage.samples[-1][2]:.0f} MB "
             f"{usage.cpu_per_minute(opened):.1f} CPU-s/min  load {load[0]:.2f}",
             flush=True,
         )
@@ -356,11 +357,6 @@ def measure(
     with_viewers = {  # steps that began and ended with the viewers on
         s for s in range(first_loaded + 2, steps.latest() + 1) if steps.committed[s] <= closed
     }
-    after = steps.latest()
-    steps.wait_for(after + 1 + args.alone_steps, run)
-    alone_after = set(range(after + 2, steps.latest() + 1))  # the first may have overlapped
-    steps.stop.set()
-
     print(
         f"\n{args.viewers} websocket viewers ({sum(1 for i in range(args.viewers) if i % 4 != 3)}"
         f" on the Run page, the rest on Runs) and {args.browsers} Chromium page(s), "
@@ -371,8 +367,6 @@ def measure(
         print(
             f"new step shown, {page:<8}: {percentiles(seen.latencies(page, steps.committed, warm))}"
         )
-    print(f"run alone       : {step_figures(db, run_id, alone_before | alone_after)}")
-    print(f"run with viewers: {step_figures(db, run_id, with_viewers)}")
     rss = [s[2] for s in usage.samples]
     print(
         f"dashboard: {usage.cpu_per_minute(opened):.1f} CPU-s/min; memory {rss[0]:.0f} MB before "
@@ -380,7 +374,15 @@ def measure(
         f"max {max(rss):.0f} MB"
     )
     dropped = sum(v.errors for v in viewers)
-    print(f"viewer reconnects: {dropped}; load average at the end {os.getloadavg()}")
+    print(f"viewer reconnects: {dropped}; load average {os.getloadavg()}", flush=True)
+    # the viewers' figures are out; the run's own, alone again, come after a few more steps
+    print(f"run with viewers: {step_figures(db, run_id, with_viewers)}", flush=True)
+    after = steps.latest()
+    steps.wait_for(after + 1 + args.alone_steps, run)
+    alone_after = set(range(after + 2, steps.latest() + 1))  # the first may have overlapped
+    steps.stop.set()
+    print(f"run alone       : {step_figures(db, run_id, alone_before | alone_after)}")
+    print(f"load average at the end {os.getloadavg()}")
 
 
 if __name__ == "__main__":
