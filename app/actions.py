@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import streamlit as st
 
-from app import auth
+from app import auth, live
 from app.views import inert
 from engine.config import RunConfig
 from jobs.launch import queue_run
@@ -89,6 +89,7 @@ def cancel(store: Store, run_id: int) -> None:
     except StoreError as exc:
         st.error(str(exc))
         return
+    live.forget([run_id])
     st.toast(f"run {run.id} is {run.status.value}")
 
 
@@ -103,6 +104,7 @@ def resume(store: Store, run_id: int) -> None:
     except StoreError as exc:
         st.error(str(exc))
         return
+    live.forget([run_id])
     st.toast(f"run {run.id} queued again (attempt {run.attempt})")
 
 
@@ -116,12 +118,15 @@ def delete(store: Store, runs: Sequence[RunRecord]) -> bool:
     """Delete `runs` and everything they recorded; False (with the reason shown) if not."""
     if not allowed("delete runs"):
         return False
-    for r in runs:
-        try:
-            store.delete_run(r.id)
-        except StoreError as exc:
-            st.error(str(exc))
-            return False
+    try:
+        for r in runs:
+            try:
+                store.delete_run(r.id)
+            except StoreError as exc:
+                st.error(str(exc))
+                return False
+    finally:
+        live.forget([r.id for r in runs])
     return True
 
 

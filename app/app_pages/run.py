@@ -6,7 +6,7 @@ exports."""
 import pandas as pd
 import streamlit as st
 
-from app import actions, exports, report, run_charts
+from app import actions, exports, live, report
 from app.alignment_view import alignment_view
 from app.checkpoints_view import checkpoints_tab
 from app.samples_view import Scope, lbes_view, sample_inspector
@@ -31,7 +31,6 @@ from jobs.phases import current_phase, engine_places
 from jobs.scheduler import SchedulerSettings
 from jobs.store.errors import StoreError
 
-REFRESH_SECONDS = 5
 HEARTBEAT_TIMEOUT = SchedulerSettings.from_env().heartbeat_timeout_seconds
 X_AXES = {"step": "step", "wall time (min)": "wall_time"}
 
@@ -48,14 +47,16 @@ except StoreError as exc:
 
 
 def status() -> None:
-    """Status and actions; reruns itself every few seconds while the run is live. A failed
-    run's error comes first; a run whose engine is starting says so, and for how long."""
-    current = store.get_run(run.id)
+    """Status and actions; reruns itself every LIVE_SECONDS while the run is live, on the
+    state all its viewers share (app/live.py). A failed run's error comes first; a run whose
+    engine is starting says so, and for how long."""
+    state = live.run_state(run.id)
+    current = state.run
     if current.status.is_terminal() and not run.status.is_terminal():
         st.rerun(scope="app")  # the run ended: redraw once without the timer
     if current.error:
         show_run_error(current.error)
-    events = store.events(current.id)
+    events = state.events
     phase = current_phase(current, events)
     c1, c2, c3, c4 = st.columns(4)
     c1.metric("Status", phase.name if phase else current.status.value)
@@ -70,7 +71,7 @@ def status() -> None:
     if places := engine_places(events):
         label = "Engine" if len(places) == 1 else f"{len(places)} engines"
         st.caption(f"{label}: " + " · ".join(inert(p) for p in places))
-    silent = stale_for(current, HEARTBEAT_TIMEOUT, store.database_now())
+    silent = stale_for(current, HEARTBEAT_TIMEOUT, state.now)
     if silent:
         st.warning(
             f"No heartbeat from this run's worker for {silent}: it may be gone. `eslab serve` "
@@ -92,7 +93,7 @@ if run.sweep_id is not None:
         icon=":material/insights:",
         query_params={"sweep": str(run.sweep_id)},
     )
-refresh = None if run.status.is_terminal() else REFRESH_SECONDS
+refresh = None if run.status.is_terminal() else live.LIVE_SECONDS
 st.fragment(run_every=refresh)(status)()
 
 o1, o2 = st.columns(2)
@@ -111,17 +112,21 @@ x = X_AXES[axis]
 
 
 def live_charts() -> None:
-    fitness = run_charts.population(store, run)
+    """The charts, built once per recorded step for all viewers (app/live.py)."""
+    current = live.run_state(run.id).run
+    fitness, figures = live.run_charts_at(
+        run.id, current.step, current.status.value, x, smoothing, current
+    )
     if fitness is None:
         st.info("No steps recorded yet; charts appear after the first step.")
         return
-    st.altair_chart(fitness)
+    st.vega_lite_chart(fitness)
     columns = st.columns(2)
-    for i, figure in enumerate(run_charts.metric_figures(store, run, x, smoothing)):
-        columns[i % 2].altair_chart(figure)
+    for i, figure in enumerate(figures):
+        columns[i % 2].vega_lite_chart(figure)
 
 
-st.fragment(run_every=refresh)(live_charts)()
+st.fragment(run_every=None if refresh is None else live.CHART_SECONDS)(live_charts)()
 
 config_tab, samples_tab, lbes_tab, align_tab, events_tab, ckpt_tab, export_tab = st.tabs(
     ["Configuration", "Samples", "LBES", "Alignment", "Events", "Checkpoints", "Export"],

@@ -4,33 +4,23 @@ Filters, sort and page live in the URL; one page of runs is read at a time. Whil
 run is queued or running the table refreshes itself (a fragment on a timer), and stops when
 none is."""
 
-import pandas as pd
 import streamlit as st
 
-from app import actions, auth
+from app import actions, auth, live
 from app.state import get_store
 from app.views import (
     MISSING,
     inert,
     label,
-    mode,
-    model_name,
     page_param,
     param,
     param_list,
-    progress,
     set_param,
-    task_name,
 )
-from engine import metrics as mk
-from jobs.phases import phase_of, status_text
-from jobs.scheduler import SchedulerSettings
 from jobs.store.records import RunRecord
 from jobs.store.status import RunStatus
 
 PAGE_SIZE = 50
-REFRESH_SECONDS = 5
-HEARTBEAT_TIMEOUT = SchedulerSettings.from_env().heartbeat_timeout_seconds
 SORTS = {
     "newest": "-created_at",
     "oldest": "created_at",
@@ -70,14 +60,22 @@ for name, value in (
 
 def search(page: int) -> tuple[list[RunRecord], int]:
     """Page `page` (from 1) of the runs the filters select, and how many they select."""
-    return store.search_runs(
-        text=text,
-        statuses=statuses,
-        methods=methods,
-        tag=tag,
-        order=SORTS[sort],
-        limit=PAGE_SIZE,
-        offset=PAGE_SIZE * max(0, page - 1),
+    listing = listing_of(page)
+    return list(listing.runs), listing.total
+
+
+def listing_of(page: int) -> live.RunsListing:
+    """Page `page` of the filtered runs and its table, as shared by all its viewers."""
+    return live.runs_listing(
+        live.RunFilters(
+            text=text,
+            statuses=tuple(statuses),
+            methods=tuple(methods),
+            tag=tag,
+            order=SORTS[sort],
+            limit=PAGE_SIZE,
+            offset=PAGE_SIZE * max(0, page - 1),
+        )
     )
 
 
@@ -98,42 +96,17 @@ if pages > 1:
     runs, _ = search(page)
 
 
-def live(listed: list[RunRecord]) -> bool:
+def any_live(listed: list[RunRecord]) -> bool:
     return any(not r.status.is_terminal() for r in listed)
 
 
 def table_and_actions(refreshing: bool) -> None:
     """The table of this page of runs and the buttons acting on the selected ones."""
-    shown, _ = search(page)
-    if refreshing and not live(shown):
+    listing = listing_of(page)
+    shown = list(listing.runs)
+    if refreshing and not any_live(shown):
         st.rerun(scope="app")  # the last live run ended: redraw once without the timer
-    ids = [r.id for r in shown]
-    reward = mk.reward_key(mk.TRAIN)
-    lines = store.sparklines(ids, reward, points=30)
-    best = store.best_metrics(ids, mk.reward_key(mk.EVAL))
-    now = store.database_now()  # the clock the heartbeats were written in
-    table = pd.DataFrame(
-        [
-            {
-                "id": r.id,
-                "name": r.name,
-                "status": status_text(r, phase_of(store, r), HEARTBEAT_TIMEOUT, now),
-                "method": r.method,
-                "mode": mode(r),
-                "model": model_name(r),
-                "task": task_name(r),
-                "progress": progress(r),
-                "step": f"{r.step} / {r.total_steps or '?'}",
-                "best eval reward": best.get(r.id),
-                "train reward": lines[r.id],
-                "created": r.created_at,
-                "tags": ", ".join(r.tags) or MISSING,
-                "sweep": None if r.sweep_id is None else f"/sweep?sweep={r.sweep_id}",
-                "open": f"/run?run={r.id}",
-            }
-            for r in shown
-        ]
-    )
+    table = listing.table
     event = st.dataframe(
         table,
         hide_index=True,
@@ -155,7 +128,7 @@ def table_and_actions(refreshing: bool) -> None:
     st.caption(
         f"{total} runs · page {page} of {pages} · selected: "
         + (inert(", ".join(label(r) for r in selected)) or "none")
-        + (f" · refreshing every {REFRESH_SECONDS} s" if refreshing else "")
+        + (f" · refreshing every {live.LIVE_SECONDS:g} s" if refreshing else "")
     )
 
     editor = auth.can_edit()
@@ -193,5 +166,5 @@ def table_and_actions(refreshing: bool) -> None:
         actions.confirm_delete(store, selected)
 
 
-refreshing = live(runs)
-st.fragment(run_every=REFRESH_SECONDS if refreshing else None)(table_and_actions)(refreshing)
+refreshing = any_live(runs)
+st.fragment(run_every=live.LIVE_SECONDS if refreshing else None)(table_and_actions)(refreshing)

@@ -96,6 +96,9 @@ def test_serve_binds_localhost_unless_told():
     assert command[command.index("--server.address") + 1] == "0.0.0.0"
     # the toolbar without Streamlit's developer items such as "Deploy"
     assert command[command.index("--client.toolbarMode") + 1] == "viewer"
+    # no full garbage collection after each of the live pages' reruns, no source watcher
+    assert command[command.index("--runner.postScriptGC") + 1] == "false"
+    assert command[command.index("--server.fileWatcherType") + 1] == "none"
 
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -197,7 +197,7 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
     page.get_by_role("heading", name="e2e-b").wait_for(timeout=WAIT_MS)
     # Meanwhile the Runs page, left open, refreshes itself until no run is live.
     runs = login(browser, f"{base}/", "ed")
-    refreshing = runs.get_by_text("refreshing every 5 s")
+    refreshing = runs.get_by_text("refreshing every 1 s")
     refreshing.wait_for(timeout=WAIT_MS)
     runs.evaluate("window.eslabMarker = 'no reload'")
     assert watch_run(page, RUN_DEADLINE_S)[-1][0] == "succeeded"

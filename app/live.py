@@ -1,0 +1,157 @@
+"""What the live pages (Run, Runs) read on their timers, read once for all their viewers.
+
+Each viewer of a live page reruns its status every LIVE_SECONDS and a run's charts every
+CHART_SECONDS. Were each rerun to read the database and encode its charts itself, twenty
+viewers of one run would make the dashboard read the same rows and build the same Vega-Lite
+specs twenty times over, on the cores the run trains on (bench/dashboard_load.py measured
+it). Here a run's state and the Runs page's
+rows are read at most once per FRESH_SECONDS for everyone (Streamlit computes a missing
+entry once while other sessions wait for it), and a run's charts are built once per recorded
+step, as Vega-Lite specs that each viewer only sends. An action that changes a run (cancel,
+resume, delete) calls `forget` so that its own page shows the change at once.
+
+Everything here is shared between sessions: callers must not change what they are given."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import pandas as pd
+import streamlit as st
+from streamlit import dataframe_util
+
+from app import run_charts
+from app.state import get_store
+from app.views import MISSING, mode, model_name, progress, task_name
+from engine import metrics as mk
+from jobs.phases import phase_of, status_text
+from jobs.scheduler import SchedulerSettings
+from jobs.store.records import EventRecord, RunRecord
+
+LIVE_SECONDS = 1.0
+"""How often a live page's status and table rerun: a new step's count shows within this plus
+FRESH_SECONDS (and the time to send it)."""
+CHART_SECONDS = 5.0
+"""How often a live run's charts rerun. Each rerun sends every chart's data again (a
+fragment that draws nothing loses its elements), so at LIVE_SECONDS twenty viewers kept the
+dashboard at 40 CPU-s a minute, taken from the run; the count above says a step is done."""
+FRESH_SECONDS = 0.5
+"""How old a shared read may be when a viewer is shown it."""
+CHART_ENTRIES = 64
+"""Runs' chart sets kept (one per run, x-axis and smoothing shown): each is a few hundred
+KB, so memory stays bounded however long the dashboard runs."""
+HEARTBEAT_TIMEOUT = SchedulerSettings.from_env().heartbeat_timeout_seconds
+
+
+@dataclass(frozen=True)
+class RunState:
+    """A run as its live page shows it: the record, its events, and the database's time."""
+
+    run: RunRecord
+    events: tuple[EventRecord, ...]
+    now: datetime
+
+
+@dataclass(frozen=True)
+class RunFilters:
+    """The Runs page's filters (its URL's query), one page of PAGE_SIZE rows."""
+
+    text: str = ""
+    statuses: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ()
+    tag: str = ""
+    order: str = "-created_at"
+    limit: int = 50
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class RunsListing:
+    """One page of runs, how many match in all, and the table that shows them."""
+
+    runs: tuple[RunRecord, ...]
+    total: int
+    table: pd.DataFrame
+
+
+@st.cache_resource(ttl=FRESH_SECONDS, max_entries=1000, show_spinner=False)
+def run_state(run_id: int) -> RunState:
+    store = get_store()
+    return RunState(store.get_run(run_id), tuple(store.events(run_id)), store.database_now())
+
+
+@st.cache_resource(max_entries=CHART_ENTRIES, show_spinner=False)
+def run_charts_at(
+    run_id: int, step: int, status: str, x: str, smoothing: float, _run: RunRecord
+) -> tuple[dict | None, tuple[dict, ...]]:
+    """The Vega-Lite specs of a run's population chart (None before its first step) and of
+    its metric charts, as of `step` and `status` (the key: a new step builds them anew)."""
+    store = get_store()
+    population = run_charts.population(store, _run)
+    figures = run_charts.metric_figures(store, _run, x, smoothing)
+    return (
+        None if population is None else sendable(population.to_dict()),
+        tuple(sendable(f.to_dict()) for f in figures),
+    )
+
+
+def sendable(spec: dict) -> dict:
+    """`spec` with its datasets as Arrow bytes, the form in which Streamlit sends them (and
+    into which st.vega_lite_chart would convert rows on every call): a redraw then only
+    copies them into its message."""
+    datasets = {
+        name: dataframe_util.convert_anything_to_arrow_bytes(pd.DataFrame(rows))
+        for name, rows in spec.get("datasets", {}).items()
+    }
+    return {**spec, "datasets": datasets} if datasets else spec
+
+
+@st.cache_resource(ttl=FRESH_SECONDS, max_entries=256, show_spinner=False)
+def runs_listing(filters: RunFilters) -> RunsListing:
+    """The Runs page's rows for `filters`, with each run's status, progress, training reward
+    line and best evaluation reward."""
+    store = get_store()
+    shown, total = store.search_runs(
+        text=filters.text,
+        statuses=filters.statuses,
+        methods=filters.methods,
+        tag=filters.tag,
+        order=filters.order,
+        limit=filters.limit,
+        offset=filters.offset,
+    )
+    ids = [r.id for r in shown]
+    lines = store.sparklines(ids, mk.reward_key(mk.TRAIN), points=30)
+    best = store.best_metrics(ids, mk.reward_key(mk.EVAL))
+    now = store.database_now()  # the clock the heartbeats were written in
+    table = pd.DataFrame(
+        [
+            {
+                "id": r.id,
+                "name": r.name,
+                "status": status_text(r, phase_of(store, r), HEARTBEAT_TIMEOUT, now),
+                "method": r.method,
+                "mode": mode(r),
+                "model": model_name(r),
+                "task": task_name(r),
+                "progress": progress(r),
+                "step": f"{r.step} / {r.total_steps or '?'}",
+                "best eval reward": best.get(r.id),
+                "train reward": lines[r.id],
+                "created": r.created_at,
+                "tags": ", ".join(r.tags) or MISSING,
+                "sweep": None if r.sweep_id is None else f"/sweep?sweep={r.sweep_id}",
+                "open": f"/run?run={r.id}",
+            }
+            for r in shown
+        ]
+    )
+    return RunsListing(tuple(shown), total, table)
+
+
+def forget(run_ids: list[int]) -> None:
+    """Drops what is kept of these runs and of the Runs page, after an action changed them."""
+    for run_id in run_ids:
+        run_state.clear(run_id)
+    runs_listing.clear()
