@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -221,6 +223,25 @@ def test_a_cancel_as_the_last_step_ended_ends_the_run_cancelled(sqlite_store, tm
     assert sqlite_store.events(run.id)[-1].message.startswith("the cancel came as the last step")
 
 
+def freeze_outside_a_write(worker: subprocess.Popen, database: Path) -> None:
+    """SIGSTOP the worker at a moment it holds no write lock on the SQLite database: frozen
+    inside a heartbeat's transaction, it would keep every other writer out (a CI run caught
+    it there, and the test's own writes then timed out on "database is locked")."""
+    for _ in range(100):
+        os.kill(worker.pid, signal.SIGSTOP)
+        probe = sqlite3.connect(database, timeout=0.2)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.rollback()
+            return
+        except sqlite3.OperationalError:
+            os.kill(worker.pid, signal.SIGCONT)  # let it finish its write, and try again
+            time.sleep(0.05)
+        finally:
+            probe.close()
+    raise AssertionError("the worker held the database's write lock at every try")
+
+
 def test_a_worker_whose_run_was_resumed_stops_and_writes_nothing(
     sqlite_store, sqlite_url, tmp_path
 ):
@@ -231,7 +252,7 @@ def test_a_worker_whose_run_was_resumed_stops_and_writes_nothing(
     run = queue_run(sqlite_store, tmp_path / "out", max_steps=40, save_steps=2)
     worker = start_worker(sqlite_url, run.id, ESLAB_STANDIN_STEP_S="2")
     wait_for(lambda: step_of(sqlite_store, run.id) >= 1, 20, "step 1")
-    os.kill(worker.pid, signal.SIGSTOP)
+    freeze_outside_a_write(worker, tmp_path / "eslab.db")
     try:
         assert sqlite_store.finish_run(run.id, RunStatus.FAILED, error="no heartbeat", attempt=1)
         resumed = sqlite_store.resume_run(run.id, 0)
