@@ -381,7 +381,7 @@ class EnginePool:
             self.shutdown()
             raise EngineError(f"starting {num_engines} engines on Ray failed: {exc}") from exc
         if shared:
-            self.warnings += time_sliced_warnings(self.infos, self.devices())
+            self.warnings += time_sliced_warnings(self.infos)
 
     def _scatter(self, method: str, arg_lists: Sequence[tuple[Any, ...]]) -> list[Any]:
         """method(*args_i) on engine i, in parallel, for the non-empty argument lists."""
@@ -458,12 +458,11 @@ def cuda_mps_running() -> bool:
     return True
 
 
-def time_sliced_warnings(infos: Sequence[Mapping[str, Any]], places: Sequence[str]) -> list[str]:
-    """One warning per GPU whose engines share it without CUDA MPS (they are time-sliced:
-    they add start time and memory and little speed), naming the command that fixes it."""
-    slow = sorted(
-        {place for info, place in zip(infos, places, strict=True) if not info.get("cuda_mps")}
-    )
+def time_sliced_warnings(infos: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One warning per GPU (`engine_place`) whose engines share it without CUDA MPS (they are
+    time-sliced: they add start time and memory and little speed), naming the command that
+    fixes it."""
+    slow = sorted({engine_place(info) for info in infos if not info.get("cuda_mps")})
     return [
         f"engines share {place} without CUDA MPS, so they take turns on it rather than "
         "running at once; start the MPS daemon on that machine (nvidia-cuda-mps-control -d) "

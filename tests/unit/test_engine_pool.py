@@ -229,9 +229,10 @@ def test_engines_on_gpus_share_the_machines_cores_out_not_ray_s_one_thread():
 def test_engines_sharing_a_gpu_without_mps_are_named_with_the_fix(tmp_path, monkeypatch):
     """Engines time-sliced on a card give little for their start time and memory: the run's
     events name the card and the command that starts CUDA MPS; a card under MPS is fine."""
-    infos = [{"cuda_mps": False}, {"cuda_mps": False}, {"cuda_mps": True}, {"cuda_mps": True}]
-    places = ["gpu-a/cuda:0 (H200)"] * 2 + ["gpu-b/cuda:0 (H200)"] * 2
-    (warning,) = time_sliced_warnings(infos, places)
+    card = {"device": "cuda:0", "device_name": "H200"}
+    infos = [{**card, "host": "gpu-a", "cuda_mps": False}] * 2
+    infos += [{**card, "host": "gpu-b", "cuda_mps": True}] * 2
+    (warning,) = time_sliced_warnings(infos)
     assert "gpu-a/cuda:0 (H200) without CUDA MPS" in warning
     assert "nvidia-cuda-mps-control -d" in warning
 
