@@ -39,10 +39,10 @@ The trade-off, stated plainly:
   keeps the same values in fp32 (256 MiB) for the fp32 update, whose same-dtype add is
   fast and steady where the mixed-dtype one is not.
 
-Layouts: the noise applies to the tensors the model computes with. On AMX CPUs vLLM's linear
-weights are kept in a packed layout (engine/backends/vllm/cpu/weights.py), so the same
-slice lands on a permuted set of logical entries there: a seed means the same perturbation
-on every engine of one machine type, not across CPU and GPU engines.
+Layouts: the noise is the logical tensor's everywhere. On AMX CPUs the live linear weights
+are packed for vLLM's kernel, and engine/backends/vllm/cpu/packed.py writes the logical
+perturbation into them (the same bits as perturb_ below), so a seed means the same
+perturbation on every CPU and GPU.
 
 Tensor keys: the parameter's name and its whole size, as tensor_parallel_size 1 holds it. A
 tensor's noise block is indexed by the position of each entry in the whole (unsharded)
@@ -51,8 +51,7 @@ exactly the block entries of the positions it holds (`Segment`s: contiguous row 
 or a strided column range for a RowParallelLinear weight; which ones, from vLLM's sharding,
 in engine/backends/vllm/shards.py). Every size draws the same perturbation and applies the
 same update, bit for bit on the CPU (perturb_ rounds every entry alike, see there), and a
-run may resume at another size. On AMX CPUs a packed shard's layout is not a part of the
-packed whole, so an engine there refuses tensor_parallel_size > 1.
+run may resume at another size, packed or not.
 """
 
 from __future__ import annotations
@@ -251,7 +250,7 @@ def perturb_(
     import torch
 
     cpu_half = out.device.type == "cpu" and out.dtype in (torch.bfloat16, torch.float16)
-    rounded = _rounded(scale, out.dtype) if cpu_half else scale
+    rounded = rounded_scale(scale, out.dtype) if cpu_half else scale
     for segment in segments or whole(out.numel()):
         target, base = _part(out, segment), _part(snapshot, segment)
         eps = noise_view(table, offset, segment)
@@ -269,8 +268,9 @@ def _one(dtype: torch.dtype) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=64)
-def _rounded(scale: float, dtype: torch.dtype) -> float:
-    """`scale` rounded to `dtype` (cached: every tensor of a member has the same scale)."""
+def rounded_scale(scale: float, dtype: torch.dtype) -> float:
+    """`scale` rounded to `dtype`, as perturb_ multiplies the noise by on the CPU (cached:
+    every tensor of a member has the same scale)."""
     import torch
 
     return float(torch.tensor(scale, dtype=dtype))

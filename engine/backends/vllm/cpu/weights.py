@@ -11,21 +11,22 @@ ES must change every weight in place, once per member, so the worker extension r
 dispatch, before the model loads, with one whose kernels read the layer's own weight tensor
 on every call:
 - AMX CPU, bf16, K % 32 == 0 and N % 16 == 0 (all linear layers of Llama-family models):
-  the weight is stored already packed in SGL's VNNI layout, a fixed permutation of its
-  entries (checked for every layer at load), and multiplied with the SGL kernel vLLM itself uses for
-  small layers. Measured on this machine for SmolLM2-135M shapes, per decode step of 8
+  the weight is stored already packed in SGL's VNNI layout (cpu/packed.py; checked against
+  the kernel for every shape at load), and multiplied with the SGL kernel vLLM itself uses
+  for small layers. Measured on an AMX Xeon for SmolLM2-135M shapes, per decode step of 8
   sequences: 4.9 ms against 5.6 ms for vLLM's oneDNN path.
 - Every other layer, including embeddings and the lm_head (whose weight may be the
   embedding's, which lookups need in logical layout): `F.linear` on the logical weight, in
   fp32 where the CPU has no bf16 matmul in hardware (there torch emulates bf16 7x slower),
   optionally from fp32 copies of the weights refreshed after each write (`Fp32Weights`).
 Writes to the parameters then take effect at the next forward pass (where fp32 copies are
-kept, once the writer has called `weights_written()`).
+kept, once the writer has called `weights_written()`). Writes to a packed weight go through
+cpu/packed.py, which keeps the noise and the update in the logical layout.
 
-Perturbation, restore and update are elementwise, so they work on packed tensors unchanged
-(the noise simply lives in the packed layout on such CPUs; see README). Only saving and
-loading need the logical layout: `to_logical` / `to_live` apply the permutation, found once
-per shape by packing index-encoding tensors with the same kernel.
+`ESLAB_CPU_PACKING` (PACKING_ENV) chooses: `auto` (the default) packs where the CPU and the
+kernel allow, `off` never packs (the figures with and without, docs/benchmarks.md), and
+`emulate` packs in the same layout on any CPU and multiplies by unpacking the weight on every
+call: slow, for tests, so that the packed path is exercised on CPUs without AMX.
 
 On other platforms (CUDA) vLLM keeps its parameters live and this module does nothing.
 """
@@ -35,16 +36,21 @@ from __future__ import annotations
 import functools
 import os
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine.backends.vllm.cpu import features as cpu_features
+from engine.backends.vllm.cpu import packed
 
 if TYPE_CHECKING:
     import torch
 
 LAYOUT_ATTR = "_eslab_live_layout"
-"""Attribute set on a parameter stored in a packed layout: ("sgl_vnni", N, K)."""
+"""Attribute set on a parameter stored in a packed layout: its packed.PackedLayout."""
+
+PACKING_ENV = "ESLAB_CPU_PACKING"
+PACKING_MODES = ("auto", "off", "emulate")
 
 _INSTALLED = False
 
@@ -72,7 +78,10 @@ def install_live_cpu_gemm() -> bool:
         weight = layer.weight
         if weight.is_meta or weight.ndim != 2:
             return original(layer, remove_weight)
-        if remove_weight and _sgl_packable(weight):
+        mode = packing_mode()
+        if remove_weight and mode == "emulate" and _packable(weight, packed.BLOCK_ROWS):
+            _bind_emulated(layer)
+        elif remove_weight and mode == "auto" and _packable(weight, 16) and _sgl_kernel_here():
             _bind_packed(layer)
         else:
             _bind_logical(layer)
@@ -82,25 +91,41 @@ def install_live_cpu_gemm() -> bool:
     return True
 
 
-def _sgl_packable(weight: torch.Tensor) -> bool:
+def packing_mode() -> str:
+    """ESLAB_CPU_PACKING, checked: a wrong value names the variable and the choices."""
+    mode = os.environ.get(PACKING_ENV, "auto")
+    if mode not in PACKING_MODES:
+        raise ValueError(f"{PACKING_ENV} must be one of {', '.join(PACKING_MODES)}, got {mode!r}")
+    return mode
+
+
+def _packable(weight: torch.Tensor, rows: int) -> bool:
+    """bf16 with K % 32 == 0 and N % rows == 0: what SGL's kernel takes (rows 16)."""
+    import torch
+
+    n, k = weight.shape
+    return weight.dtype == torch.bfloat16 and k % 32 == 0 and packed.fits(n, k, rows)
+
+
+@functools.cache
+def _sgl_kernel_here() -> bool:
+    """Whether vLLM's SGL packing kernel exists and this CPU runs it (AMX)."""
     import torch
     from vllm import _custom_ops  # noqa: F401  (registers torch.ops._C)
 
-    if not hasattr(torch.ops._C, "convert_weight_packed"):
-        return False
-    if not torch.cpu._is_amx_tile_supported() or weight.dtype != torch.bfloat16:
-        return False
-    n, k = weight.shape
-    return k % 32 == 0 and n % 16 == 0
+    return hasattr(torch.ops._C, "convert_weight_packed") and torch.cpu._is_amx_tile_supported()
 
 
 def _bind_logical(layer: Any) -> None:
+    layer.cpu_linear = _logical_linear(layer.weight.dtype)
+
+
+def _logical_linear(dtype: torch.dtype) -> Callable[..., torch.Tensor]:
     import torch
 
-    if layer.weight.dtype == torch.bfloat16 and not cpu_features.bf16_matmul_in_hardware():
-        layer.cpu_linear = _linear_in_fp32
-    else:
-        layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+    if dtype == torch.bfloat16 and not cpu_features.bf16_matmul_in_hardware():
+        return _linear_in_fp32
+    return lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
 
 
 FP32_BUDGET_ENV = "ESLAB_FP32_WEIGHTS_GIB"
@@ -228,105 +253,53 @@ costs little: a decode step's linear layer is bound by reading its weight, not b
 
 
 def _bind_packed(layer: Any) -> None:
+    """Store the weight packed for the SGL kernel, where the kernel packs in the layout that
+    cpu/packed.py writes (else it stays logical: nothing could write it exactly)."""
     import torch
     from vllm import _custom_ops as ops
 
     weight = layer.weight
     n, k = weight.shape
-    packed = torch.ops._C.convert_weight_packed(weight.data)
-    is_permutation = (
-        packed.dtype == weight.dtype
-        and packed.shape == weight.shape
-        and torch.equal(packed.view(-1), weight.data.reshape(-1)[_vnni_permutation(n, k)])
-    )
-    if not is_permutation:  # saving could not unpack it exactly: stay logical
+    candidates = (packed.PackedLayout(n, k, rows) for rows in (32, 16, 64) if n % rows == 0)
+    layout = next((c for c in candidates if _kernel_packs_as(c)), None)
+    if layout is None:
         _bind_logical(layer)
         return
     if getattr(layer, "bias", None) is not None:
         layer.bias.data = layer.bias.to(torch.float32)  # what the SGL kernel expects
-    weight.data = packed
-    setattr(weight, LAYOUT_ATTR, ("sgl_vnni", n, k))
+    weight.data = torch.ops._C.convert_weight_packed(weight.data)
+    setattr(weight, LAYOUT_ATTR, layout)
     layer.cpu_linear = lambda x, weight, bias: ops.weight_packed_linear_cpu(x, weight, n, bias)
 
 
-@functools.cache
-def _vnni_permutation(n: int, k: int) -> torch.Tensor:
-    """perm such that packed.flatten() == logical.flatten()[perm], found with the kernel
-    itself: entries 0..255 are exact in bf16, so four packs of index bytes recover it."""
-    import torch
-    from vllm import _custom_ops  # noqa: F401
+def _bind_emulated(layer: Any) -> None:
+    """Store the weight in the packed layout and multiply by unpacking it on every call."""
+    weight = layer.weight
+    layout = packed.PackedLayout(*weight.shape)
+    weight.data = packed.to_live(weight.data, layout)
+    setattr(weight, LAYOUT_ATTR, layout)
+    linear = _logical_linear(weight.dtype)
+    layer.cpu_linear = lambda x, weight, bias: linear(x, packed.to_logical(weight, layout), bias)
 
+
+@functools.cache
+def _kernel_packs_as(layout: packed.PackedLayout) -> bool:
+    """Whether the SGL kernel packs an n x k weight exactly as `layout`: checked on index
+    tensors (entries 0..255 are exact in bf16, so one pack per byte of the indices)."""
+    import torch
+
+    n, k, _ = layout
     index = torch.arange(n * k, dtype=torch.int64)
-    perm = torch.zeros(n * k, dtype=torch.int64)
     for byte in range((n * k - 1).bit_length() // 8 + 1):
         encoded = ((index >> (8 * byte)) & 255).to(torch.bfloat16).view(n, k)
-        packed = torch.ops._C.convert_weight_packed(encoded).flatten().to(torch.int64)
-        perm |= packed << (8 * byte)
-    if not torch.equal(perm.sort().values, index):
-        raise RuntimeError(f"SGL packing of a {n}x{k} weight is not a permutation")
-    return perm
+        kernel = torch.ops._C.convert_weight_packed(encoded)
+        if kernel.shape != encoded.shape or not torch.equal(
+            kernel.reshape(-1), packed.to_live(encoded, layout).reshape(-1)
+        ):
+            return False
+    return True
 
 
-@functools.cache
-def _vnni_block_rows(n: int, k: int) -> int | None:
-    """`rows` when the packing is blocks of `rows` logical rows, each stored as
-    [k / 2, rows, 2] (SGL's bf16 VNNI layout, 32 rows here): checked against the kernel's own
-    permutation, so a strided view can stand in for it. None otherwise."""
-    import torch
-
-    perm = _vnni_permutation(n, k)
-    for rows in (16, 32, 64):
-        if n % rows or k % 2:
-            continue
-        index = torch.arange(n * k).view(n // rows, rows, k // 2, 2).permute(0, 2, 1, 3)
-        if torch.equal(index.reshape(-1), perm):
-            return rows
-    return None
-
-
-def add_rows_(
-    live: torch.Tensor, start: int, delta: torch.Tensor, layout: tuple[str, int, int] | None
-) -> None:
-    """live[start:start + len(delta)] += delta, in logical rows, for a tensor stored in
-    `layout`. Row blocks aligned to the packing's blocks are added through a strided view of
-    the packed blocks they fill (2.2 ms for a 3072 x 576 fp32 update, against 4.1 ms
-    permuting a copy with to_live first, measured); other rows take that copy."""
-    if layout is None:
-        live[start : start + delta.shape[0]].add_(delta)
-        return
-    _, n, k = layout
-    rows = _vnni_block_rows(n, k)
-    if rows is None or start % rows or delta.shape[0] % rows:
-        logical = delta.new_zeros(n, k)
-        logical[start : start + delta.shape[0]] = delta
-        live.view(-1).add_(to_live(logical, layout).view(-1))
-        return
-    packed = live.view(n // rows, k // 2, rows, 2)
-    first = start // rows
-    packed[first : first + delta.shape[0] // rows].add_(
-        delta.view(-1, rows, k // 2, 2).permute(0, 2, 1, 3)
-    )
-
-
-def layout_of(param: torch.Tensor) -> tuple[str, int, int] | None:
+def layout_of(param: torch.Tensor) -> packed.PackedLayout | None:
     """The packed layout of a live parameter, or None when it is stored logically."""
     return getattr(param, LAYOUT_ATTR, None)
-
-
-def to_logical(tensor: torch.Tensor, layout: tuple[str, int, int] | None) -> torch.Tensor:
-    """A tensor in live layout (any dtype) as a new tensor in logical layout."""
-    if layout is None:
-        return tensor.clone()
-    _, n, k = layout
-    perm = _vnni_permutation(n, k)
-    logical = tensor.new_empty(n * k)
-    logical[perm] = tensor.reshape(-1)
-    return logical.view(n, k)
-
-
-def to_live(tensor: torch.Tensor, layout: tuple[str, int, int] | None) -> torch.Tensor:
-    """A tensor in logical layout (any dtype) as a new tensor in live layout."""
-    if layout is None:
-        return tensor.clone()
-    _, n, k = layout
-    return tensor.reshape(-1)[_vnni_permutation(n, k)].view(n, k)
