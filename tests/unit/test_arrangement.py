@@ -301,3 +301,50 @@ def test_auto_on_a_gpu_asks_the_probe(tmp_path, monkeypatch, ray_job, mps, engin
     # runs in this process as before
     assert (chosen.num_engines, chosen.in_actors) == (engines, ray_job)
     assert chosen.notes and chosen.notes[0].startswith("engines auto:")
+
+
+def test_the_run_starts_the_arrangement_and_records_what_auto_chose(monkeypatch):
+    from engine.backends.pool import EnginePool
+    from engine.sink import MemorySink
+    from engine.trainer import preflight
+
+    chosen = Arrangement(
+        8,
+        8,
+        True,
+        one_node=True,
+        gpu_memory_utilization=0.1,
+        kv_cache_memory_bytes=GIB,
+        notes=("engines auto: 8 engines share NVIDIA H200",),
+    )
+    seen: dict = {}
+    monkeypatch.setattr(preflight, "arrange", lambda config, folder: chosen)
+    monkeypatch.setattr(preflight, "model_folder", lambda config: "model")
+    monkeypatch.setattr(
+        preflight, "EnginePool", lambda *a, **kw: seen.update(kw) or EnginePool.wrap(object())
+    )
+    sink = MemorySink()
+    preflight.start_pool(make(), sink)
+    assert (seen["num_engines"], seen["engines_per_gpu"], seen["in_actors"]) == (8, 8, True)
+    assert (seen["one_node"], seen["gpu_memory_utilization"]) == (True, 0.1)
+    assert seen["extra_llm_args"]["kv_cache_memory_bytes"] == GIB
+    assert ("info", chosen.notes[0]) in sink.events
+
+
+def test_on_the_cpu_a_run_starts_one_engine_in_process_as_before(monkeypatch):
+    """The CPU build of vLLM installed here: auto asks no probe and records nothing."""
+    from engine.backends.pool import EnginePool
+    from engine.sink import MemorySink
+    from engine.trainer import preflight
+
+    monkeypatch.setattr(arr, "probe_card", no_probe)
+    monkeypatch.setattr(preflight, "model_folder", lambda config: "model")
+    seen: dict = {}
+    monkeypatch.setattr(
+        preflight, "EnginePool", lambda *a, **kw: seen.update(kw) or EnginePool.wrap(object())
+    )
+    sink = MemorySink()
+    preflight.start_pool(make(), sink)
+    assert (seen["num_engines"], seen["in_actors"], seen["one_node"]) == (1, False, False)
+    assert seen["gpu_memory_utilization"] is None
+    assert "kv_cache_memory_bytes" not in seen["extra_llm_args"] and sink.events == []
