@@ -45,6 +45,7 @@ from typing import Any
 import psutil
 from sqlalchemy.engine import make_url
 
+from engine.backends.arrangement import plan
 from engine.backends.vllm.cpu.resources import RUNS_SHARING_SETTING
 from engine.paths import (
     INPUT_ROOTS_SETTING,
@@ -173,31 +174,18 @@ def worker_entrypoint(run: RunRecord) -> str:
 
 
 def run_demand(config: Mapping[str, Any], *, gpus: bool) -> dict[str, float]:
-    """What a run occupies while it runs: one vLLM engine per `num_engines`, each on
-    `tensor_parallel_size` GPUs on a GPU cluster (shared by `engines_per_gpu` engines, as
-    the engines' Ray actors ask: tensor_parallel_size / engines_per_gpu GPUs each), or one
-    CPU each on a CPU-only one."""
-    engines = int(config.get("num_engines") or 1)
-    if gpus:
-        share = int(config.get("tensor_parallel_size") or 1) / _engines_per_gpu(config)
-        return {"GPU": engines * share}
-    return {"CPU": float(engines)}
-
-
-def _engines_per_gpu(config: Mapping[str, Any]) -> int:
-    """Engines sharing a card; a run of one engine computes in its job, alone on its GPUs."""
-    if int(config.get("num_engines") or 1) == 1:
-        return 1
-    return int(config.get("engines_per_gpu") or 1)
+    """What a run occupies while it runs: on a GPU cluster its engines' GPUs
+    (`tensor_parallel_size` each, shared by `engines_per_gpu` engines as their Ray actors
+    ask; one card's worth with auto, however many engines share it), on a CPU-only one a
+    CPU an engine (engine/backends/arrangement.py, `plan`)."""
+    return plan(config, gpus=gpus).demand
 
 
 def job_gpus(config: Mapping[str, Any], *, gpus: bool) -> float:
     """GPUs the Ray job's own process needs: a run of one engine computes inside the job
-    (its `tensor_parallel_size` GPUs); a run of several starts its engines as Ray actors,
-    which ask for their GPUs themselves, so the job holds none."""
-    if not gpus or int(config.get("num_engines") or 1) > 1:
-        return 0.0
-    return float(int(config.get("tensor_parallel_size") or 1))
+    (its `tensor_parallel_size` GPUs); engines in Ray actors (several, or auto's, however
+    many it chooses) ask for their GPUs themselves, so the job holds none."""
+    return plan(config, gpus=gpus).job_gpus
 
 
 class Scheduler:

@@ -43,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from bench.gpu.reference_shims import SnapshotError, check_snapshot  # noqa: E402
+from engine.config.schema import AUTO  # noqa: E402
 
 SIDES = ("eslab", "reference")
 TITLES = {"eslab": "ES Lab", "reference": "ES at Scale"}
@@ -61,7 +62,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=8, help="prompts a member")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--steps", type=int, default=2, help="timed iterations after 1 warm-up")
-    parser.add_argument("--engines", type=int, default=1, help="ES Lab's full-rank engines")
+    parser.add_argument(
+        "--engines",
+        type=engine_count,
+        default=1,
+        help="ES Lab's full-rank engines, or auto: those a run gets by default "
+        "(engine/backends/arrangement.py; --memory is then the card's share for all of them)",
+    )
     parser.add_argument(
         "--engines-per-gpu", type=int, default=0, help="as utilization.py (0: all on one GPU)"
     )
@@ -90,7 +97,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     parser.set_defaults(tensor_parallel_size=1)  # utilization.py's engines: one GPU each
     args = parser.parse_args(argv)
-    for name in ("population", "prompts", "max_tokens", "steps", "engines"):
+    for name in ("population", "prompts", "max_tokens", "steps"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if not (Path(args.model) / "config.json").is_file():
@@ -100,6 +107,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     except SnapshotError as exc:
         parser.error(f"--reference: {exc}")
     return args
+
+
+def engine_count(text: str) -> int | str:
+    """--engines: a whole number from 1, or auto."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1, or auto; got {text!r}")
+    return int(text)
 
 
 def side_timeout(budget: float, spent: float, sides_left: int) -> float:
@@ -166,7 +182,7 @@ def render(results: dict) -> str:
         side = results.get(name)
         if side is None:
             continue
-        title = TITLES[name] + (f" ({s['engines']} engine(s))" if name == "eslab" else "")
+        title = TITLES[name] + (f" ({engines_shown(s, side)} engine(s))" if name == "eslab" else "")
         lines.append(
             f"{title:<22}{figure(side.get('start_s'), 1):>9}{figure(side.get('step_s')):>9}"
             f"{figure(side.get('members_per_s')):>11}{figure(side.get('tokens'), 0):>13}"
@@ -179,6 +195,13 @@ def render(results: dict) -> str:
         lines.append("patches applied to ES at Scale at run time:")
         lines += [f"  - {p}" for p in patches]
     return "\n".join(lines)
+
+
+def engines_shown(settings: dict, side: dict) -> str:
+    """ES Lab's engines as the table shows them: the number, or auto and what it chose."""
+    if settings["engines"] != AUTO:
+        return str(settings["engines"])
+    return f"auto: {side.get('engines', '?')}"
 
 
 def write(results: dict, path: Path | None) -> None:

@@ -55,7 +55,8 @@ def device_info() -> dict[str, str]:
 
 
 def run_eslab(args: argparse.Namespace, data: Path, report: Report) -> None:
-    """utilization.py's full-rank row of args.engines engines, on the countdown prompts."""
+    """utilization.py's full-rank row of args.engines engines (or auto's), on the countdown
+    prompts."""
     from bench.gpu import utilization
     from engine import metrics as mk
 
@@ -64,6 +65,7 @@ def run_eslab(args: argparse.Namespace, data: Path, report: Report) -> None:
     start = time.perf_counter()
     pool = utilization.full_rank_pool(args, args.engines, utilization.common_options(args))
     record["start_s"] = time.perf_counter() - start
+    record["engines"] = pool.num_engines  # what auto chose, with --engines auto
     report(record)
     try:
         config = utilization.es_config(args, lora=False, task=countdown_task(data))

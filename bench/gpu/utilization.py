@@ -36,8 +36,10 @@ from pathlib import Path
 import numpy as np
 
 from engine import metrics as mk
+from engine.backends.arrangement import card_here, choose, engine_memory, vllm_takes_kv_cache_size
 from engine.backends.pool import EnginePool
 from engine.config import RunConfig
+from engine.config.schema import AUTO
 from engine.data.datasets import load_dataset
 from engine.lowrank.factors import LORA_KERNELS
 from engine.lowrank.population import engine_args
@@ -155,8 +157,11 @@ def common_options(args: argparse.Namespace) -> dict:
     return common
 
 
-def full_rank_pool(args: argparse.Namespace, k: int, common: dict) -> EnginePool:
-    """The k full-rank engines of a row (args: model, prompts, memory, engines_per_gpu)."""
+def full_rank_pool(args: argparse.Namespace, k: int | str, common: dict) -> EnginePool:
+    """The k full-rank engines of a row (args: model, prompts, memory, engines_per_gpu); k
+    auto: the engines a run gets by default (`auto_pool`)."""
+    if k == AUTO:
+        return auto_pool(args, common)
     # an engine of several only ever holds one member's prompts: fewer CUDA graphs
     seqs = BATCH if k == 1 else 4 * args.prompts
     per_gpu = engines_per_gpu(args, k)
@@ -168,6 +173,40 @@ def full_rank_pool(args: argparse.Namespace, k: int, common: dict) -> EnginePool
         engines_per_gpu=per_gpu,
         max_num_seqs=seqs,
         gpu_memory_utilization=args.memory / per_gpu,
+        **common,
+    )
+
+
+def auto_pool(args: argparse.Namespace, common: dict) -> EnginePool:
+    """The engines `num_engines: auto` starts for a run of this row's settings on this
+    machine's first card (engine/backends/arrangement.py), in Ray actors as in a Ray job,
+    with vLLM's default max_num_seqs as a run has it; --memory is the card's share for all
+    of them. Prints what auto chose."""
+    memory = engine_memory(
+        args.model,
+        dtype="bfloat16",
+        max_model_len=args.max_model_len,
+        max_num_seqs=None,
+        sequences=args.prompts,
+        max_tokens=args.max_tokens,
+    )
+    chosen = choose(
+        card_here(),
+        memory,
+        population=args.population,
+        in_actors=True,
+        card_share=args.memory,
+        sized_kv_cache=vllm_takes_kv_cache_size(),
+    )
+    print(*chosen.notes, sep="\n", flush=True)
+    return EnginePool(
+        args.model,
+        num_engines=chosen.num_engines,
+        engines_per_gpu=chosen.engines_per_gpu,
+        in_actors=True,
+        one_node=chosen.one_node,
+        gpu_memory_utilization=chosen.gpu_memory_utilization or args.memory,
+        extra_llm_args=chosen.engine_args(),
         **common,
     )
 

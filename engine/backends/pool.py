@@ -84,12 +84,22 @@ class EnginePool:
     """Members over engines; also generation and log-likelihoods of the unperturbed model."""
 
     def __init__(
-        self, model: str, *, num_engines: int = 1, engines_per_gpu: int = 1, **engine_options: Any
+        self,
+        model: str,
+        *,
+        num_engines: int = 1,
+        engines_per_gpu: int = 1,
+        in_actors: bool = False,
+        one_node: bool = False,
+        **engine_options: Any,
     ) -> None:
         """Start `num_engines` engines of `model`; `engine_options` go to VLLMEngine.
 
         engines_per_gpu > 1 lets several engines (processes) share each GPU, so that several
-        members generate at once (see _start_actors).
+        members generate at once (see _start_actors). One engine runs in this process unless
+        `in_actors` (a Ray job that holds no GPU of its own: engine/backends/arrangement.py).
+        `one_node` keeps the engines on one node (auto's engines of one card) where they
+        would otherwise spread over the cluster's nodes.
         """
         if num_engines < 1:
             raise ValueError(f"num_engines must be at least 1, got {num_engines}")
@@ -103,12 +113,12 @@ class EnginePool:
         self.infos: list[dict[str, Any]] = []
         self.warnings: list[str] = []  # for the run's events: an arrangement that runs slow
         self._local: PerturbationEngine | None = None
-        if num_engines == 1:
+        if num_engines == 1 and not in_actors:
             from engine.backends.vllm.engine import VLLMEngine
 
             self._local = VLLMEngine(**options)
         else:
-            self._start_actors(num_engines, options, engines_per_gpu)
+            self._start_actors(num_engines, options, engines_per_gpu, one_node)
 
     @classmethod
     def wrap(cls, engine: PerturbationEngine) -> EnginePool:
@@ -335,18 +345,25 @@ class EnginePool:
     # ---- Ray plumbing ------------------------------------------------------------------------
 
     def _start_actors(
-        self, num_engines: int, options: dict[str, Any], engines_per_gpu: int = 1
+        self,
+        num_engines: int,
+        options: dict[str, Any],
+        engines_per_gpu: int = 1,
+        one_node: bool = False,
     ) -> None:
         """One Ray actor per engine. On GPUs each asks for tensor_parallel_size /
         engines_per_gpu GPUs, so engines_per_gpu of them share a card; they then split its
         memory (gpu_memory_utilization None becomes 0.9 / engines_per_gpu) and start one
         after another, since vLLM sizes its KV cache from the memory free while it profiles
-        and a neighbour starting at the same moment would skew that.
+        and a neighbour starting at the same moment would skew that. Given a KV cache size
+        (kv_cache_memory_bytes in extra_llm_args, as auto gives it), vLLM sizes nothing from
+        the free memory, so they start at once.
 
         Engines of one card or CPU each are placed by a SPREAD placement group (see
-        `_spread_group`). An engine of tensor_parallel_size > 1 is left to Ray's default
-        placement: its vLLM places its ranks with a placement group of its own (one GPU a
-        bundle), and inside a group of ours it would take ours instead."""
+        `_engine_group`), or a STRICT_PACK one with `one_node`. An engine of
+        tensor_parallel_size > 1 is left to Ray's default placement: its vLLM places its
+        ranks with a placement group of its own (one GPU a bundle), and inside a group of
+        ours it would take ours instead."""
         import ray
 
         if not ray.is_initialized():
@@ -358,22 +375,22 @@ class EnginePool:
         tp = int(options.get("tensor_parallel_size", 1))
         on_gpu = ray.cluster_resources().get("GPU", 0) > 0
         shared = on_gpu and engines_per_gpu > 1
+        serial = shared and "kv_cache_memory_bytes" not in (options.get("extra_llm_args") or {})
         resources = {"num_cpus": 1, "num_gpus": tp / engines_per_gpu if on_gpu else 0}
         if shared and options.get("gpu_memory_utilization") is None:
             options = {**options, "gpu_memory_utilization": 0.9 / engines_per_gpu}
         binds = [] if on_gpu else _cpu_bind_masks(num_engines, sorted(os.sched_getaffinity(0)))
-        project_root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-        path = os.pathsep.join(p for p in (project_root, os.environ.get("PYTHONPATH")) if p)
-        env_vars = {"PYTHONPATH": path, **(gpu_engine_threads(num_engines) if on_gpu else {})}
+        env_vars = {**actor_env(), **(gpu_engine_threads(num_engines) if on_gpu else {})}
         host_cls = ray.remote(**resources)(_EngineHost)
-        self._group = _spread_group(num_engines, resources) if tp == 1 else None
+        strategy = "STRICT_PACK" if one_node else "SPREAD"
+        self._group = _engine_group(num_engines, resources, strategy) if tp == 1 else None
         for i in range(num_engines):
             env = {"VLLM_CPU_OMP_THREADS_BIND": binds[i]} if binds else {}
             actor = host_cls.options(
                 runtime_env={"env_vars": env_vars}, **_bundle(self._group, i)
             ).remote(options, env)
             self._actors.append(actor)
-            if shared:  # wait until it has profiled its memory before the next one starts
+            if serial:  # wait until it has profiled its memory before the next one starts
                 ray.wait([actor.info.remote()], num_returns=1)
         try:
             self.infos = ray.get([actor.info.remote() for actor in self._actors])
@@ -424,6 +441,14 @@ def _split(items: list[Any], parts: int) -> list[list[Any]]:
         out.append(items[start:stop])
         start = stop
     return out
+
+
+def actor_env() -> dict[str, str]:
+    """Environment of this project's Ray actors and tasks: PYTHONPATH with the project root
+    first, so that they import ES Lab as this process does."""
+    project_root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    path = os.pathsep.join(p for p in (project_root, os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path}
 
 
 def gpu_engine_threads(num_engines: int, cores: int | None = None) -> dict[str, str]:
@@ -494,18 +519,21 @@ def engine_place(info: Mapping[str, Any]) -> str:
     return place
 
 
-def _spread_group(num_engines: int, resources: Mapping[str, float]) -> Any:
-    """A placement group of one bundle per engine with the SPREAD strategy: each engine on a
+def _engine_group(
+    num_engines: int, resources: Mapping[str, float], strategy: str = "SPREAD"
+) -> Any:
+    """A placement group of one bundle per engine. SPREAD (the default): each engine on a
     node of its own while the cluster has nodes with room for one, several on a node only
-    when it must (a one-machine cluster keeps running several engines). All bundles are
-    reserved together, so no engine loads its model while another has nowhere to go."""
+    when it must (a one-machine cluster keeps running several engines). STRICT_PACK: all on
+    one node, where Ray gives fractional GPUs from one card while it has room. All bundles
+    are reserved together, so no engine loads its model while another has nowhere to go."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
     bundle = {"CPU": float(resources["num_cpus"])}
     if resources.get("num_gpus"):
         bundle["GPU"] = float(resources["num_gpus"])
-    group = placement_group([bundle] * num_engines, strategy="SPREAD")
+    group = placement_group([bundle] * num_engines, strategy=strategy)
     try:
         ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
     except ray.exceptions.GetTimeoutError:

@@ -27,10 +27,9 @@ class Invalid(Exception):
 def coerce(spec: FieldSpec, value: Any) -> Any:
     """The value converted to the option's type, strings parsed (CLI, forms, YAML)."""
     check_scalar(spec, value)
-    if spec.nullable and (
-        value is None or (isinstance(value, str) and value.strip().lower() in _NONE_WORDS)
-    ):
-        return None
+    spelled, special = _special(spec, value)
+    if spelled:
+        return special
     if spec.type is bool:
         if isinstance(value, bool):
             return value
@@ -43,12 +42,12 @@ def coerce(spec: FieldSpec, value: Any) -> Any:
             return value  # exact: no detour through float
         number = _number(value)
         if number is None or not number.is_integer():
-            raise Invalid(f"must be an integer, got {_shown(value)}")
+            raise Invalid(f"must be {_kind(spec, 'an integer')}, got {_shown(value)}")
         return int(number)
     if spec.type is float:
         number = _number(value)
         if number is None:
-            raise Invalid(f"must be a finite number, got {_shown(value)}")
+            raise Invalid(f"must be {_kind(spec, 'a finite number')}, got {_shown(value)}")
         return number
     if isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)  # e.g. `run_name: 2024` in YAML
@@ -60,7 +59,7 @@ def coerce(spec: FieldSpec, value: Any) -> Any:
 def check_type(spec: FieldSpec, value: Any) -> Any:
     """For direct construction: the value must already have the option's type."""
     check_scalar(spec, value)
-    if value is None and spec.nullable:
+    if (value is None and spec.nullable) or (isinstance(value, str) and value in spec.words):
         return value
     if spec.type is bool:
         ok = isinstance(value, bool)
@@ -69,9 +68,8 @@ def check_type(spec: FieldSpec, value: Any) -> Any:
     else:  # bool is an int subclass, but True is no population size
         ok = isinstance(value, spec.type) and not isinstance(value, bool)
     if not ok:
-        raise Invalid(
-            f"must be of type {spec.type.__name__}, got {_shown(value)} ({type(value).__name__})"
-        )
+        kind = _kind(spec, f"of type {spec.type.__name__}")
+        raise Invalid(f"must be {kind}, got {_shown(value)} ({type(value).__name__})")
     return value
 
 
@@ -91,7 +89,7 @@ def check_scalar(spec: FieldSpec, value: Any) -> None:
 
 def check_value(spec: FieldSpec, value: Any) -> None:
     """Choices and range of an already typed value."""
-    if value is None:
+    if value is None or (isinstance(value, str) and value in spec.words):
         return
     if spec.type is int and abs(value) > MAX_INT:
         digits = len(str(abs(value)))
@@ -107,6 +105,23 @@ def check_value(spec: FieldSpec, value: Any) -> None:
         raise Invalid(f"must be {sign} {spec.min:g}, got {_shown(value)}")
     if spec.max is not None and value > spec.max:
         raise Invalid(f"must be <= {spec.max:g}, got {_shown(value)}")
+
+
+def _special(spec: FieldSpec, value: Any) -> tuple[bool, Any]:
+    """(True, the value) where `value` spells one of the option's words (spec.words, e.g.
+    auto) or, for an option that takes None, None (none, null, ~ or nothing); else
+    (False, None)."""
+    word = value.strip().lower() if isinstance(value, str) else value
+    if isinstance(word, str) and word in spec.words:
+        return True, word
+    if spec.nullable and (word is None or word in _NONE_WORDS):
+        return True, None
+    return False, None
+
+
+def _kind(spec: FieldSpec, kind: str) -> str:
+    """What a value must be, its words included: "an integer or auto"."""
+    return " or ".join([kind, *spec.words])
 
 
 def _shown(value: Any) -> str:

@@ -25,10 +25,13 @@ def option(
     required: bool = False,
     method_defaults: Mapping[str, Any] | None = None,
     methods: tuple[str, ...] = METHODS,
+    words: tuple[str, ...] = (),
 ) -> Any:
     """A dataclass field carrying what validation, the CLI and the form need to know: `label`
     is the option in people's words (the form shows it beside the option's name), `help` says
-    what it does."""
+    what it does. `words` are values a number option also takes as they are (`auto`: ES Lab
+    chooses the number where the run starts); validation, the CLI, YAML and the form accept
+    them in place of a number."""
     metadata = {
         "label": label,
         "help": help,
@@ -39,6 +42,7 @@ def option(
         "required": required,
         "method_defaults": dict(method_defaults or {}),
         "methods": methods,
+        "words": words,
     }
     return field(default=default, metadata=metadata)
 
@@ -61,6 +65,7 @@ class FieldSpec:
     nullable: bool = False  # None is an accepted value
     method_defaults: Mapping[str, Any] = field(default_factory=dict)
     methods: tuple[str, ...] = METHODS  # the methods that read this option
+    words: tuple[str, ...] = ()  # values taken as they are in place of a number, e.g. auto
 
     @property
     def path(self) -> str:
@@ -110,10 +115,11 @@ def field_specs(root: type) -> dict[str, FieldSpec]:
 
 
 def _base_type(hint: Any) -> tuple[type, bool]:
-    """(base type, accepts None) of an annotation such as `int | None`."""
+    """(base type, accepts None) of an annotation such as `int | None`; the first type of a
+    union is the base (`int | str` is a number that also takes words such as auto)."""
     if isinstance(hint, types.UnionType):
         args = [a for a in hint.__args__ if a is not type(None)]
-        return args[0], True
+        return args[0], len(args) < len(hint.__args__)
     return hint, False
 
 
@@ -135,4 +141,5 @@ def _spec(f: dataclasses.Field, hint: Any, group: str) -> FieldSpec:
         nullable=optional and not m["required"],
         method_defaults=m["method_defaults"],
         methods=m["methods"],
+        words=m["words"],
     )

@@ -40,6 +40,8 @@ own (tensorizer needs its config, runai_streamer and fastsafetensors their packa
 SCHEDULE_TYPES = tuple(SCHEDULES)
 SHAPER_NAMES = tuple(SHAPERS)
 LEARNING_RATE_RULES = ("fixed", "es_at_scale")
+AUTO = "auto"
+"""The word of num_engines and engines_per_gpu that lets the run choose (engine/arrangement.py)."""
 
 
 @dataclass(frozen=True)
@@ -73,24 +75,32 @@ class ModelConfig:
         label="GPUs per engine",
         min_value=1,
     )
-    num_engines: int = option(
-        1,
+    num_engines: int | str = option(
+        AUTO,
         "vLLM engines (one Ray actor each) that evaluate population members in parallel; "
-        "they never exchange weights, each replays the same update.",
+        "they never exchange weights, each replays the same update. auto: one card's worth "
+        "(tensor_parallel_size GPUs) holding engines_per_gpu engines, and one in-process "
+        "engine on a machine without GPUs.",
         label="Engines",
         min_value=1,
+        words=(AUTO,),
     )
-    engines_per_gpu: int = option(
-        1,
+    engines_per_gpu: int | str = option(
+        AUTO,
         "Engines that share one GPU (each a process with its own copy of the weights), so "
-        "several members generate at once; they split its memory.",
+        "several members generate at once; they split its memory. auto: with num_engines "
+        "auto, as many as the card's memory holds (at most 8) where CUDA MPS runs and 1 "
+        "where it does not (the run's events then say how many MPS would allow); with a "
+        "number of engines, 1.",
         label="Engines per GPU",
         min_value=1,
+        words=(AUTO,),
     )
     gpu_memory_utilization: float | None = option(
         None,
         "Share of memory for weights and KV cache; None means 0.9 on a GPU and 0.3 on "
-        "the CPU, where it is the share of RAM given to the KV cache.",
+        "the CPU, where it is the share of RAM given to the KV cache. Engines that auto "
+        "puts on one card share this much of it together.",
         label="Memory share",
         min_value=0.0,
         exclusive_min=True,

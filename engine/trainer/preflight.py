@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.backends.arrangement import arrange
 from engine.backends.pool import EnginePool
 from engine.batches import Batches, Position
 from engine.config import RunConfig
@@ -92,17 +93,25 @@ def model_folder(config: RunConfig) -> Path:
 
 
 def start_pool(config: RunConfig, sink: Sink) -> EnginePool:
-    """The run's engines; what makes their arrangement slow (engines time-sliced on a GPU)
-    goes to the run's events, where the dashboard shows it."""
+    """The run's engines, arranged as num_engines and engines_per_gpu say (auto: chosen from
+    the card, engine/backends/arrangement.py); what auto chose, and what makes an arrangement
+    slow (engines time-sliced on a GPU), go to the run's events, where the dashboard shows
+    them."""
     m = config.model
+    folder = model_folder(config)
+    arrangement = arrange(config, folder)
+    for note in arrangement.notes:
+        sink.log_event("info", note)
     pool = EnginePool(
-        str(model_folder(config)),
-        num_engines=m.num_engines,
-        engines_per_gpu=m.engines_per_gpu,
+        str(folder),
+        num_engines=arrangement.num_engines,
+        engines_per_gpu=arrangement.engines_per_gpu,
+        in_actors=arrangement.in_actors,
+        one_node=arrangement.one_node,
         dtype=m.dtype,
         max_model_len=m.max_model_len,
         tensor_parallel_size=m.tensor_parallel_size,
-        gpu_memory_utilization=m.gpu_memory_utilization,
+        gpu_memory_utilization=arrangement.gpu_memory_utilization or m.gpu_memory_utilization,
         max_num_seqs=m.max_num_seqs,
         # False leaves the platform's choice (eager on the CPU, CUDA graphs on a GPU).
         enforce_eager=True if m.enforce_eager else None,
@@ -110,6 +119,7 @@ def start_pool(config: RunConfig, sink: Sink) -> EnginePool:
         extra_llm_args={
             **m.vllm_flags(),
             **(engine_args(config) if config.lora.perturbation == "lora" else {}),
+            **arrangement.engine_args(),
         },
         lora_kernels=config.lora.lora_kernels,
     )

@@ -10,12 +10,27 @@ from tests.jobs.helpers import SubmittingRay, queue_run
 
 
 def test_a_one_engine_job_holds_its_gpus_and_a_several_engine_job_none(sqlite_store, tmp_path):
-    queue_run(sqlite_store, tmp_path / "a", name="one")
+    queue_run(sqlite_store, tmp_path / "a", name="one", num_engines=1)
     queue_run(sqlite_store, tmp_path / "b", name="split", tensor_parallel_size=2)
     queue_run(sqlite_store, tmp_path / "c", name="actors", num_engines=2)
     ray = SubmittingRay({"CPU": 32.0, "GPU": 8.0})
     Scheduler(sqlite_store, ray, SchedulerSettings(max_concurrent_runs=3)).tick()
+    # "split" is auto: an engine of two GPUs gets them to itself, inside its job
     assert ray.job_gpus == {"one": 1.0, "split": 2.0, "actors": 0.0}
+
+
+def test_an_auto_run_takes_one_card_and_its_engines_ask_for_it(sqlite_store, tmp_path):
+    """engines auto (the default) choose their number inside the job, from the card: the
+    scheduler counts one card for the run, and the job holds none (its engines are actors
+    that ask for their shares of the card), so a second auto run waits for a card."""
+    assert run_demand({"num_engines": "auto", "engines_per_gpu": "auto"}, gpus=True) == {"GPU": 1.0}
+    assert job_gpus({"num_engines": "auto", "engines_per_gpu": "auto"}, gpus=True) == 0.0
+    assert run_demand({"num_engines": "auto"}, gpus=False) == {"CPU": 1.0}
+    queue_run(sqlite_store, tmp_path / "a", name="first")
+    queue_run(sqlite_store, tmp_path / "b", name="second")
+    ray = SubmittingRay({"CPU": 16.0, "GPU": 1.0})
+    Scheduler(sqlite_store, ray, SchedulerSettings(max_concurrent_runs=2)).tick()
+    assert ray.job_gpus == {"first": 0.0}
 
 
 def test_a_cpu_cluster_gives_jobs_no_gpus():

@@ -42,11 +42,9 @@ def test_defaults_follow_the_reference():
     cfg = make()
     assert cfg.method == "es"
     assert cfg.model.model == "data/models/smollm2-135m-instruct"
-    assert (cfg.model.dtype, cfg.model.tensor_parallel_size, cfg.model.num_engines) == (
-        "bfloat16",
-        1,
-        1,
-    )
+    assert (cfg.model.dtype, cfg.model.tensor_parallel_size) == ("bfloat16", 1)
+    # the engines are arranged where the run starts (engine/backends/arrangement.py)
+    assert (cfg.model.num_engines, cfg.model.engines_per_gpu) == ("auto", "auto")
     assert cfg.model.gpu_memory_utilization is None
     assert (cfg.sampling.n, cfg.sampling.temperature, cfg.sampling.max_tokens) == (1, 0.0, 2048)
     assert (cfg.es.population_size, cfg.es.noise_std, cfg.es.learning_rate) == (32, 1e-3, 5e-7)
@@ -130,6 +128,36 @@ def test_strings_are_coerced_to_the_field_type():
 )
 def test_bad_types_are_named(option, value, message):
     assert problems(**{option: value})[option] == message
+
+
+def test_engine_counts_take_auto_or_a_number_from_text_yaml_and_construction(tmp_path):
+    cfg = make(num_engines="AUTO ", engines_per_gpu="4")
+    assert (cfg.model.num_engines, cfg.model.engines_per_gpu) == ("auto", 4)
+    assert make(num_engines=2).with_overrides(["num_engines=auto"]).model.num_engines == "auto"
+    path = tmp_path / "run.yaml"
+    path.write_text(make(engines_per_gpu=2).to_yaml())
+    text = path.read_text()
+    assert "num_engines: auto" in text and "engines_per_gpu: 2" in text
+    assert RunConfig.from_yaml(path) == make(engines_per_gpu=2)
+    direct = dataclasses.replace(make().model, num_engines=3)
+    assert RunConfig(model=direct, data=make().data, reward=make().reward).model.num_engines == 3
+    assert [s.words for s in config_fields() if s.name in ("num_engines", "engines_per_gpu")] == [
+        ("auto",),
+        ("auto",),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("many", "model.num_engines must be an integer or auto, got 'many'"),
+        (0, "model.num_engines must be >= 1, got 0"),
+        (2.5, "model.num_engines must be an integer or auto, got 2.5"),
+        ("none", "model.num_engines must be an integer or auto, got 'none'"),
+    ],
+)
+def test_bad_engine_counts_are_named(value, message):
+    assert problems(num_engines=value)["num_engines"] == message
 
 
 # --------------------------------------------------------------------------- ranges, choices

@@ -70,6 +70,25 @@ def test_zero_steps_are_refused(snapshot: Path, model: Path, capsys: pytest.Capt
     assert "--steps must be at least 1" in capsys.readouterr().err
 
 
+def test_engines_take_a_number_or_auto(
+    snapshot: Path, model: Path, capsys: pytest.CaptureFixture
+) -> None:
+    base = [str(model), "--reference", str(snapshot), "--engines"]
+    assert reference.parse_args([*base, "AUTO"]).engines == "auto"
+    assert reference.parse_args([*base, "4"]).engines == 4
+    for bad in ("0", "many"):
+        with pytest.raises(SystemExit):
+            reference.parse_args([*base, bad])
+        assert "whole number from 1, or auto" in capsys.readouterr().err
+
+
+def test_the_table_shows_what_auto_chose() -> None:
+    table = results({"engines": 8, "step_s": 2.0, "start_s": 60.0}, None)
+    table["settings"]["engines"] = "auto"
+    assert "ES Lab (auto: 8 engine(s))" in reference.render(reference.summarize(table))
+    assert "ES Lab (1 engine(s))" in reference.render(reference.summarize(results({}, None)))
+
+
 def results(eslab: dict | None, ref: dict | None) -> dict:
     out: dict = {
         "settings": {

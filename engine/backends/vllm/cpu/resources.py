@@ -34,7 +34,7 @@ RUNS_SHARING_SETTING = "ESLAB_CPU_RUNS_SHARING"
 KV_CACHE_SETTING = "ESLAB_CPU_KV_CACHE_GIB"
 DEFAULT_KV_CACHE_GIB = 2.0
 
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "auto": 2}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "auto": 2}
 
 
 def thread_env(cores: Sequence[int], environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -83,7 +83,7 @@ def kv_cache_bytes(
     if not (gib > 0 and math.isfinite(gib)):
         raise ValueError(f"{KV_CACHE_SETTING} must be a finite number of GiB above 0, got {raw!r}")
     wanted = int(gib * 2**30)
-    config = _model_config(model_dir)
+    config = model_config(model_dir)
     if config is None:
         return wanted
     length = max_model_len or int(config.get("max_position_embeddings") or 0)
@@ -99,10 +99,10 @@ def kv_bytes_per_token(config: Mapping[str, Any], dtype: str) -> int:
     kv_heads = int(text.get("num_key_value_heads") or heads)
     head_dim = int(text.get("head_dim") or int(text.get("hidden_size") or 0) // heads)
     layers = int(text.get("num_hidden_layers") or 0)
-    return 2 * layers * kv_heads * head_dim * _DTYPE_BYTES.get(dtype, 2)
+    return 2 * layers * kv_heads * head_dim * DTYPE_BYTES.get(dtype, 2)
 
 
-def _model_config(model_dir: str | Path) -> dict[str, Any] | None:
+def model_config(model_dir: str | Path) -> dict[str, Any] | None:
     """The folder's config.json, or None where the model is not a readable local folder
     (a hub id vLLM resolves itself)."""
     try:
