@@ -384,8 +384,11 @@ class EnginePool:
         host_cls = ray.remote(**resources)(_EngineHost)
         strategy = "STRICT_PACK" if one_node else "SPREAD"
         self._group = _engine_group(num_engines, resources, strategy) if tp == 1 else None
+        ports = engine_ports(num_engines) if not serial else [None] * num_engines
         for i in range(num_engines):
             env = {"VLLM_CPU_OMP_THREADS_BIND": binds[i]} if binds else {}
+            if ports[i] is not None:
+                env["VLLM_PORT"] = str(ports[i])
             actor = host_cls.options(
                 runtime_env={"env_vars": env_vars}, **_bundle(self._group, i)
             ).remote(options, env)
@@ -441,6 +444,28 @@ def _split(items: list[Any], parts: int) -> list[list[Any]]:
         out.append(items[start:stop])
         start = stop
     return out
+
+
+PORTS_PER_ENGINE = 50
+"""Ports each engine may scan from its own VLLM_PORT (vLLM takes a few: its distributed
+store, ZMQ sockets)."""
+
+
+def engine_ports(num_engines: int) -> list[int]:
+    """A first port for each of `num_engines` engines that start at the same moment, each
+    PORTS_PER_ENGINE apart. Without them every engine asks the OS for a free port, checks it
+    and closes it before it binds it again: measured on an H200, the second of two runs of 8
+    engines starting at once failed with EADDRINUSE on vLLM's distributed store. The base is
+    a port the OS has just called free, so concurrent runs start far apart too."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        base = probe.getsockname()[1]
+    span = PORTS_PER_ENGINE * num_engines
+    if base + span > 65_535:
+        base = 20_000 + base % 10_000
+    return [base + PORTS_PER_ENGINE * i for i in range(num_engines)]
 
 
 def actor_env() -> dict[str, str]:

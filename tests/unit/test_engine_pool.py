@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -246,3 +247,13 @@ def test_engines_sharing_a_gpu_without_mps_are_named_with_the_fix(tmp_path, monk
     finished.wait()
     pid_file.write_text(str(finished.pid))  # one that ended
     assert not cuda_mps_running()
+
+
+def test_engines_that_start_at_once_scan_ports_of_their_own(monkeypatch):
+    """vLLM picks its distributed store's port by asking the OS for a free one and binding
+    it later; eight engines doing that at once collided on an H200 (EADDRINUSE)."""
+    ports = pool_module.engine_ports(8)
+    assert len(set(ports)) == 8
+    gaps = {b - a for a, b in itertools.pairwise(ports)}
+    assert gaps == {pool_module.PORTS_PER_ENGINE}
+    assert ports[0] > 1024 and ports[-1] + pool_module.PORTS_PER_ENGINE <= 65_535
