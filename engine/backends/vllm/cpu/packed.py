@@ -121,11 +121,9 @@ def perturb_(
     segments: Sequence[noise.Segment],
     layout: PackedLayout,
     rows: torch.Tensor,
-    scratch: torch.Tensor | None = None,
 ) -> None:
     """live := pack(snapshot + scale * eps), eps the logical tensor's noise at `offset` (see
-    engine.noise.perturb_, whose numbers these are). `rows` is noise_rows(segments, ...);
-    `scratch` (a logical-sized tensor of live's dtype) serves the path without a C kernel."""
+    engine.noise.perturb_, whose numbers these are). `rows` is noise_rows(segments, ...)."""
     import torch
 
     n, k, block = layout
@@ -145,9 +143,7 @@ def perturb_(
         if failed:
             raise MemoryError("packed perturbation: no memory for the kernel's scratch tile")
         return
-    logical = scratch.view(-1)[: n * k].view(n, k) if scratch is not None else None
-    if logical is None:
-        logical = torch.empty_like(snapshot)
+    logical = torch.empty_like(snapshot)
     noise.perturb_(logical, snapshot, table, offset, scale, segments)
     write_live_(live, logical, layout)
 
