@@ -28,7 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from engine.backends.pool import actor_env, cuda_mps_running
-from engine.backends.vllm.cpu.resources import DTYPE_BYTES, kv_bytes_per_token, model_config
+from engine.backends.vllm.cpu.resources import (
+    DTYPE_BYTES,
+    context_length,
+    kv_bytes_per_token,
+    model_config,
+)
 from engine.config import RunConfig
 from engine.config.schema import AUTO
 from engine.noise import noise_table_len
@@ -140,7 +145,7 @@ def engine_memory(
         return None
     parameters, largest = counts
     width = DTYPE_BYTES.get(dtype, 2)
-    context = max_model_len or _context_length(hf_config)
+    context = max_model_len or context_length(hf_config)
     in_flight = min(max_num_seqs or VLLM_MAX_NUM_SEQS, sequences)
     tokens = max(context, in_flight * min(context, max_tokens + PROMPT_TOKENS))
     return EngineMemory(
@@ -161,11 +166,6 @@ def run_engine_memory(config: RunConfig, model_dir: str | Path) -> EngineMemory 
         sequences=config.data.data_batch_size * config.sampling.n,
         max_tokens=config.sampling.max_tokens,
     )
-
-
-def _context_length(hf_config: Mapping[str, Any]) -> int:
-    text = hf_config.get("text_config") or hf_config
-    return int(text.get("max_position_embeddings") or 0)
 
 
 def weight_counts(model_dir: str | Path) -> tuple[int, int] | None:

@@ -86,9 +86,15 @@ def kv_cache_bytes(
     config = model_config(model_dir)
     if config is None:
         return wanted
-    length = max_model_len or int(config.get("max_position_embeddings") or 0)
+    length = max_model_len or context_length(config)
     one_sequence = int(length * kv_bytes_per_token(config, dtype) * 1.1)
     return max(wanted, one_sequence)
+
+
+def context_length(config: Mapping[str, Any]) -> int:
+    """The model's own context length from its Hugging Face config (0 where it names none)."""
+    text = config.get("text_config") or config
+    return int(text.get("max_position_embeddings") or 0)
 
 
 def kv_bytes_per_token(config: Mapping[str, Any], dtype: str) -> int:
