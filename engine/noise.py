@@ -153,8 +153,7 @@ def noise_offset(seed: int, key: str, numel: int, table_len: int, attempt: int =
             f"tensor {key!r} has {numel} entries; the noise table has {table_len}: "
             "build the table with noise_table_len(largest numel)"
         )
-    digest = hashlib.sha256(f"{seed}_{key}_{attempt}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") % (table_len - numel + 1)
+    return _hashed(f"{seed}_{key}_{attempt}".encode(), table_len - numel + 1)
 
 
 def noise_offsets(seed: int, tensors: Sequence[tuple[str, int]], table_len: int) -> list[int]:
@@ -163,26 +162,46 @@ def noise_offsets(seed: int, tensors: Sequence[tuple[str, int]], table_len: int)
     Keys are visited in sorted order and an offset already taken is rehashed with the next
     attempt number, so the result depends only on the seed and the set of tensors (never on
     the order a backend lists them) and no two tensors of a member share noise position by
-    position.
+    position. Every offset is `noise_offset`'s; the order, the keys' bytes and the checks
+    are worked out once per model (`_offset_plan`), since an update hashes the offsets of
+    every member for every tensor (6,000 hashes for 32 members of SmolLM2-135M).
     """
-    order = sorted(range(len(tensors)), key=lambda i: tensors[i][0])
+    order, suffixes, moduli = _offset_plan(tuple(tensors), table_len)
+    prefix = f"{seed}_".encode()
     taken: set[int] = set()
-    offsets = [0] * len(tensors)
+    offsets = [0] * len(order)
     for i in order:
-        key, numel = tensors[i]
+        offset = _hashed(prefix + suffixes[i], moduli[i])
         attempt = 0
-        offset = noise_offset(seed, key, numel, table_len)
         while offset in taken:
             attempt += 1
             if attempt > MAX_OFFSET_ATTEMPTS:
                 raise ValueError(
-                    f"no free noise offset for {key!r} after {attempt} attempts: "
+                    f"no free noise offset for {tensors[i][0]!r} after {attempt} attempts: "
                     f"{len(tensors)} tensors in a table of {table_len}; use a longer table"
                 )
+            key, numel = tensors[i]
             offset = noise_offset(seed, key, numel, table_len, attempt)
         taken.add(offset)
         offsets[i] = offset
     return offsets
+
+
+@functools.lru_cache(maxsize=8)
+def _offset_plan(
+    tensors: tuple[tuple[str, int], ...], table_len: int
+) -> tuple[list[int], list[bytes], list[int]]:
+    """(keys' sorted order, each key's hashed suffix `{key}_0`, each offset's modulus), with
+    noise_offset's checks of every size."""
+    for key, numel in tensors:
+        noise_offset(0, key, numel, table_len)
+    order = sorted(range(len(tensors)), key=lambda i: tensors[i][0])
+    suffixes = [f"{key}_0".encode() for key, _ in tensors]
+    return order, suffixes, [table_len - numel + 1 for _, numel in tensors]
+
+
+def _hashed(message: bytes, modulus: int) -> int:
+    return int.from_bytes(hashlib.sha256(message).digest()[:8], "big") % modulus
 
 
 class Segment(NamedTuple):

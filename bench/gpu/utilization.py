@@ -49,6 +49,7 @@ from engine.trainer import train
 from engine.trainer.reporting import completion_tokens
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reference import engine_count
 from table import BATCH, PHASES, TOKENS, render
 
 TRAIN_FILE = resolve_path("data/conciseness/train.parquet")
@@ -141,12 +142,22 @@ def weight_ops(pool: EnginePool, population: int, repeats: int = 10) -> dict[str
         # the pool checks engines agree after every update: part of the trainer's update phase
         "checksum": timed(lambda i: engine.checksum(), 3),
     }
+    # the update's floor: the members' noise read once (CUDA kernels; the offsets are hashed
+    # before the clock starts, as the update hashes them before its kernel)
+    floor = engine.llm.collective_rpc("es_time_noise_floor", args=(population, repeats))[0]
+    if floor:
+        ops[f"noise_{population}"] = statistics.median(floor)
     return ops
 
 
 def engines_per_gpu(args: argparse.Namespace, k: int) -> int:
     """Engines of a row of k that share one GPU (--engines-per-gpu; all k when unset)."""
     return min(k, args.engines_per_gpu or k)
+
+
+def row_order(k: int | str) -> float:
+    """Rows of Ray-actor engines first (auto's, then the most), the in-process one last."""
+    return float("inf") if k == AUTO else float(k)
 
 
 def common_options(args: argparse.Namespace) -> dict:
@@ -216,10 +227,11 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument(
         "--engines",
-        type=int,
+        type=engine_count,
         nargs="*",
         default=[1, 4],
-        help="full-rank rows, one per engine count; none (--engines alone) for --lora only",
+        help="full-rank rows, one per engine count or auto (the engines a run gets by "
+        "default); none (--engines alone) for --lora only",
     )
     parser.add_argument("--population", type=int, default=32)
     parser.add_argument("--prompts", type=int, default=8)
@@ -271,11 +283,12 @@ def main() -> None:
     tp = args.tensor_parallel_size
     if tp > 1:
         results["tensor_parallel_size"] = tp
-    for k in sorted(args.engines, reverse=True):
+    for k in sorted(args.engines, key=row_order, reverse=True):
         start = time.perf_counter()
-        per_gpu = engines_per_gpu(args, k)
         pool = full_rank_pool(args, k, common)
         started = time.perf_counter() - start
+        # auto puts its engines on one card
+        per_gpu = pool.num_engines if k == AUTO else engines_per_gpu(args, k)
         try:
             if k == 1:
                 info = pool._local.info
@@ -283,9 +296,9 @@ def main() -> None:
                 results["packed_tensors"] = info["packed_tensors"]
                 results["batched_tokens_per_s"] = batched_tokens_per_s(pool, args.max_tokens)
             row = {
-                "engines": k,
+                "engines": pool.num_engines,
                 "engines_per_gpu": per_gpu,
-                "gpus": k * tp // per_gpu,
+                "gpus": pool.num_engines * tp // per_gpu,
                 "places": pool.devices(),
                 "perturbation": "full",
                 "start_s": started,

@@ -44,6 +44,7 @@ from engine.backends.vllm import lora_slots, masters, shards
 from engine.backends.vllm.cpu import lora_kernels as cpu_lora
 from engine.backends.vllm.cpu import packed as cpu_packed
 from engine.backends.vllm.cpu import weights as cpu_weights
+from engine.backends.vllm.cuda.weights import DeviceWeights
 from engine.backends.vllm.fingerprint import hashed_bytes
 
 if TYPE_CHECKING:
@@ -56,6 +57,10 @@ cpu_weights.install_live_cpu_gemm()
 cpu_lora.install_grouped_cpu_lora()
 
 Method = TypeVar("Method", bound=Callable[..., Any])
+
+KEPT_OFFSETS = 4096
+"""Members whose noise offsets a worker keeps between perturbation and update (more than any
+population it serves alone)."""
 
 
 def _writes_weights(method: Method) -> Method:
@@ -131,6 +136,11 @@ class PerturbationWorkerExtension:
                 self._es_table.float() if largest.device.type == "cpu" else self._es_table
             )
             self._es_scratch = torch.empty(noise.UPDATE_CHUNK, dtype=torch.float32)
+            self._es_seen_offsets: dict[int, list[int]] = {}
+            # on CUDA each weight operation is one kernel over all tensors (cuda/weights.py)
+            self._es_kernels = DeviceWeights.for_cuda(
+                self._es_live, self._es_snapshot, self._es_master, self._es_segments, self._es_table
+            )
         return {
             "num_tensors": len(self._es_names),
             "num_parameters": sum(t.numel() for t in self._es_live),
@@ -145,6 +155,7 @@ class PerturbationWorkerExtension:
             "tp_rank": self._es_tp_rank,
             "tp_size": self._es_tp_size,
             "torch_threads": torch.get_num_threads(),
+            "weight_kernels": self._es_kernels is not None,
             "seconds": time.perf_counter() - start,
         }
 
@@ -157,8 +168,14 @@ class PerturbationWorkerExtension:
 
         from engine import noise
 
-        offsets = noise.noise_offsets(int(seed), self._es_specs, self._es_table.numel())
+        if float(scale) == 0.0:
+            self.es_restore()
+            return
+        offsets = self._es_offsets(int(seed))
         table, scale = self._es_table, float(scale)
+        if self._es_kernels is not None:
+            self._es_kernels.perturb(table, offsets, scale)
+            return
         with torch.inference_mode():
             for i, (live, snap, offset, segments, layout) in enumerate(
                 zip(
@@ -170,9 +187,7 @@ class PerturbationWorkerExtension:
                     strict=True,
                 )
             ):
-                if scale == 0.0:
-                    cpu_packed.write_live_(live, snap, layout)
-                elif layout is None:
+                if layout is None:
                     noise.perturb_(live, snap, table, offset, scale, segments)
                 else:
                     rows = self._es_noise_rows[i]
@@ -183,6 +198,9 @@ class PerturbationWorkerExtension:
         """weights := snapshot, bit for bit."""
         import torch
 
+        if self._es_kernels is not None:
+            self._es_kernels.restore()
+            return
         with torch.inference_mode():
             for live, snap, layout in zip(
                 self._es_live, self._es_snapshot, self._es_layouts, strict=True
@@ -208,8 +226,11 @@ class PerturbationWorkerExtension:
         bad = [c for c in coefficients if not math.isfinite(c)]
         if bad:
             raise ValueError(f"update coefficients must be finite numbers, got {bad[:4]}")
-        table_len = self._es_table.numel()
-        per_seed = [noise.noise_offsets(int(s), self._es_specs, table_len) for s in seeds]
+        per_seed = [self._es_offsets(int(s)) for s in seeds]
+        self._es_seen_offsets.clear()
+        if self._es_kernels is not None:
+            self._es_kernels.update(self._es_update_table, per_seed, coefficients)
+            return
         with torch.inference_mode():
             for i, master in enumerate(self._es_master):
                 offsets = [member_offsets[i] for member_offsets in per_seed]
@@ -222,6 +243,19 @@ class PerturbationWorkerExtension:
                     self._es_segments[i],
                 )
                 self._es_serve_master(i)
+
+    def _es_offsets(self, seed: int) -> list[int]:
+        """Member `seed`'s noise offsets, kept from its perturbation until the next update:
+        hashing them is about 0.3 ms a member for SmolLM2-135M's 182 tensors, as long as the
+        update's kernel takes for 2 members on an H200."""
+        from engine import noise
+
+        if seed not in self._es_seen_offsets:
+            if len(self._es_seen_offsets) >= KEPT_OFFSETS:  # perturbations with no update
+                self._es_seen_offsets.clear()
+            table_len = self._es_table.numel()
+            self._es_seen_offsets[seed] = noise.noise_offsets(seed, self._es_specs, table_len)
+        return self._es_seen_offsets[seed]
 
     def _es_serve_master(self, i: int) -> None:
         """snapshot := cast(master), and the serving weights := snapshot (packed where the
@@ -256,9 +290,16 @@ class PerturbationWorkerExtension:
         fingerprint).
 
         Engines that agree on it serve the same weights and will compute the same updates,
-        whether or not their CPUs keep weights packed.
+        whether or not their CPUs keep weights packed. With the CUDA kernels, one kernel
+        hashes all tensors on the card (cuda/kernels.fingerprint), in about the time of
+        reading them once.
         """
         digest = hashlib.sha256()
+        if self._es_kernels is not None:
+            for name, live in zip(self._es_names, self._es_live, strict=True):
+                digest.update(f"{name}|{live.dtype}|{tuple(live.shape)}".encode())
+            digest.update(self._es_kernels.fingerprint().to_bytes(8, "little"))
+            return digest.hexdigest()
         for i, (name, master) in enumerate(zip(self._es_names, self._es_master, strict=True)):
             live = self._es_logical_live(i)
             digest.update(f"{name}|{live.dtype}|{tuple(live.shape)}".encode())
@@ -405,6 +446,29 @@ class PerturbationWorkerExtension:
             if i > 0:
                 seconds.append(time.perf_counter() - start)
         self.es_restore()
+        return seconds
+
+    def es_time_noise_floor(self, population: int, repeats: int) -> list[float]:
+        """Seconds of `repeats` reads of `population` members' noise, each member's once, as
+        the update reads it and nothing else: the floor the update is measured against
+        (bench/gpu/utilization.py). Only the CUDA kernels have it; [] elsewhere."""
+        from engine import noise
+
+        if self._es_kernels is None:
+            return []
+        table_len = self._es_table.numel()
+        seconds = []
+        for i in range(max(1, repeats) + 1):
+            offsets = [
+                noise.noise_offsets(40_000 + i * population + k, self._es_specs, table_len)
+                for k in range(population)
+            ]
+            self.es_check_synchronize()
+            start = time.perf_counter()
+            self._es_kernels.read_noise(self._es_update_table, offsets)
+            self.es_check_synchronize()
+            if i > 0:
+                seconds.append(time.perf_counter() - start)
         return seconds
 
     # ---- saving and loading --------------------------------------------------------------------

@@ -1,0 +1,5 @@
+"""vLLM on CUDA, made fit for ES: every weight operation of a member in one kernel launch.
+
+- kernels: the Triton kernels (perturb, restore, update, fingerprint) over a list of tensors
+- weights: a worker's tensors laid out as the kernels' job list, and the calls that launch them
+"""
