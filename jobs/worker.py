@@ -56,6 +56,7 @@ log = logging.getLogger("jobs.worker")
 
 DEFAULT_TRAIN = "engine.trainer:train"
 TRAIN_VARIABLE = "ESLAB_WORKER_TRAIN"
+STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """Names another training function, for the Ray job and `eslab train` alike (tests use a
 stand-in)."""
 TrainFunction = Callable[..., Path]
@@ -98,15 +99,24 @@ class StoppingSink(ForwardingSink):
     """The database sink, plus: the step boundary (the trainer's per-step heartbeat) is
     where a requested stop takes effect."""
 
-    def __init__(self, inner: Sink, stop: StopSignal, *, raise_at_boundary: bool) -> None:
+    def __init__(
+        self,
+        inner: Sink,
+        stop: StopSignal,
+        *,
+        raise_at_boundary: bool,
+        at_boundary: Callable[[], None] = lambda: None,
+    ) -> None:
         super().__init__(inner)
         self.stop = stop
         self.raise_at_boundary = raise_at_boundary
+        self.at_boundary = at_boundary
         self.last_step = 0
 
     def heartbeat(self, step: int) -> None:
         self.inner.heartbeat(step)
         self.last_step = step
+        self.at_boundary()
         self.stop.reached_boundary()
         if self.raise_at_boundary and self.stop.is_set():
             raise StopRequested(f"stopped after step {step}: {self.stop.reason}")
@@ -194,6 +204,7 @@ class Worker:
         self.start_pool = start_pool or _start_pool
         self.stop = StopSignal()
         self._signals = 0
+        self._handling_signals = False
         self.outcome: RunOutcome | None = None  # once the run is ours
 
     def run(self) -> int:
@@ -233,6 +244,7 @@ class Worker:
             self.wrap_sink(DatabaseSink(self.store, run.id, attempt)),
             self.stop,
             raise_at_boundary=not hooked,
+            at_boundary=self._keep_signal_handlers,
         )
         kwargs: dict[str, Any] = {"resume_from": resume_from}
         if hooked:
@@ -249,6 +261,7 @@ class Worker:
             return self._train(outcome, config, train, sink, kwargs)
         finally:
             heartbeat.close()
+            self._handling_signals = False
             _restore_signal_handlers(previous)
             if kwargs.get("pool") is not None and self.release_engine:
                 kwargs["pool"].shutdown()
@@ -270,11 +283,15 @@ class Worker:
                 sink.log_event("info", f"`eslab train` runs this attempt in {where}")
             if accepts(train, "pool"):
                 kwargs["pool"] = self._start_engine(config, sink)
+                self._keep_signal_handlers()
             output = train(config, sink, **kwargs)
         except StaleAttemptError as exc:
             log.error("%s; this worker stops and records nothing", exc)
             return 1
         except BaseException as exc:
+            if isinstance(exc, SystemExit) and exc.code in STOPPING_SIGNALS:
+                # Ray's handler (see _keep_signal_handlers) got the signal before ours was back
+                self.stop.request(f"{signal.Signals(exc.code).name} received")
             if self.stop.is_set():
                 outcome.cancelled(f"stopped after step {sink.last_step} ({self.stop.reason})")
                 return 0
@@ -299,9 +316,21 @@ class Worker:
         if threading.current_thread() is not threading.main_thread():
             return {}  # only the main thread may set handlers (tests run workers in threads)
         previous = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOPPING_SIGNALS:
             previous[sig] = signal.signal(sig, self._on_signal)
+        self._handling_signals = True
         return previous
+
+    def _keep_signal_handlers(self) -> None:
+        """Put this worker's handlers back where something replaced them. ray.init does, in
+        a worker whose engines are Ray actors: its SIGTERM handler exits at once, from inside
+        whatever the step waits on, so a cancel (Ray's stop_job sends SIGTERM) would end the
+        run failed in the middle of a checkpoint instead of cancelled at the step's end."""
+        if not self._handling_signals:
+            return
+        for sig in STOPPING_SIGNALS:
+            if signal.getsignal(sig) != self._on_signal:
+                signal.signal(sig, self._on_signal)
 
     def request_stop(self, reason: str) -> None:
         """Stop at the next step boundary; the watchdog abandons a step that will not end."""

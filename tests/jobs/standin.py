@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -90,6 +92,19 @@ def wait_at_barrier(barrier: str | None, timeout_s: float = 60) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"fewer than {count} runs reached {folder} in {timeout_s:.0f} s")
         time.sleep(0.05)
+
+
+def train_under_rays_handler(
+    config: RunConfig,
+    sink: Sink,
+    *,
+    resume_from: str | Path | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> Path:
+    """A trainer that first does what ray.init does to a driver: a SIGTERM handler that
+    exits at once (engines in Ray actors bring it into the worker)."""
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(signum))
+    return train(config, sink, resume_from=resume_from, should_stop=should_stop)
 
 
 def train_without_hook(

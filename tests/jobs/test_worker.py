@@ -94,6 +94,41 @@ def test_sigterm_finishes_the_step_then_ends_cancelled(sqlite_store, sqlite_url,
     assert "SIGTERM received" in sqlite_store.events(run.id)[-1].message
 
 
+def test_sigterm_under_rays_handler_still_ends_the_step_cancelled(
+    sqlite_store, sqlite_url, tmp_path
+):
+    """ray.init replaces the worker's SIGTERM handler (engines in Ray actors): the worker
+    takes it back at the step boundary, so a cancel still ends at the step with a checkpoint."""
+    run = queue_run(sqlite_store, tmp_path / "out", max_steps=40, save_steps=100)
+    worker = start_worker(sqlite_url, run.id, train="train_under_rays_handler")
+    wait_for(lambda: step_of(sqlite_store, run.id) >= 2, 20, "step 2")
+    worker.send_signal(signal.SIGTERM)
+    code, out = finish(worker)
+    assert code == 0, out
+    stopped = sqlite_store.get_run(run.id)
+    assert stopped.status is RunStatus.CANCELLED and stopped.error is None
+    assert [c.step for c in sqlite_store.checkpoints(run.id)] == [stopped.step]
+    assert "SIGTERM received" in sqlite_store.events(run.id)[-1].message
+
+
+def test_sigterm_to_rays_handler_before_a_step_ends_the_run_cancelled(
+    sqlite_store, sqlite_url, tmp_path
+):
+    """A SIGTERM that Ray's handler turns into an exit, before the worker took its handler
+    back: the run is cancelled, not failed with "SystemExit: 15"."""
+    run = queue_run(sqlite_store, tmp_path / "out", max_steps=3)
+    worker = start_worker(
+        sqlite_url, run.id, train="train_under_rays_handler", ESLAB_STANDIN_STEP_S="60"
+    )
+    wait_for(lambda: any("pid" in e.message for e in sqlite_store.events(run.id)), 20, "start")
+    worker.send_signal(signal.SIGTERM)
+    code, out = finish(worker)
+    assert code == 0, out
+    stopped = sqlite_store.get_run(run.id)
+    assert stopped.status is RunStatus.CANCELLED and stopped.error is None
+    assert "SIGTERM received" in sqlite_store.events(run.id)[-1].message
+
+
 def test_a_cancel_in_the_database_stops_the_worker_with_a_checkpoint(
     sqlite_store, sqlite_url, tmp_path
 ):
