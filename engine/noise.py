@@ -166,7 +166,7 @@ def noise_offsets(seed: int, tensors: Sequence[tuple[str, int]], table_len: int)
     are worked out once per model (`_offset_plan`), since an update hashes the offsets of
     every member for every tensor (6,000 hashes for 32 members of SmolLM2-135M).
     """
-    order, suffixes, moduli = _offset_plan(tuple(tensors), table_len)
+    order, suffixes, moduli = _offset_plan(tuple((k, n) for k, n in tensors), table_len)
     prefix = f"{seed}_".encode()
     taken: set[int] = set()
     offsets = [0] * len(order)
