@@ -26,20 +26,33 @@ CHROMIUM_ARGS = [
 
 class PatientBrowser:
     """A Playwright browser whose new pages and contexts wait WAIT_MS by default (30 s is
-    Playwright's): a click or a navigation on a loaded CI machine takes longer."""
+    Playwright's): a click or a navigation on a loaded CI machine takes longer.
+
+    It remembers what it opened, for `close_opened` at the end of each test: a page left open
+    on a live Run or Runs page reruns its script and redraws every second for the rest of
+    the module, on the cores the next tests (and the other worker's engine) need."""
 
     def __init__(self, browser: object) -> None:
         self.browser = browser
+        self.opened: list[object] = []
 
     def new_page(self, **options: object) -> object:
         page = self.browser.new_page(**options)
         page.set_default_timeout(WAIT_MS)
+        self.opened.append(page)
         return page
 
     def new_context(self, **options: object) -> object:
         context = self.browser.new_context(**options)
         context.set_default_timeout(WAIT_MS)
+        self.opened.append(context)
         return context
+
+    def close_opened(self) -> None:
+        """Close every page and context opened through this object (a context closes its
+        pages)."""
+        while self.opened:
+            self.opened.pop().close()
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.browser, name)

@@ -157,20 +157,24 @@ def clear_streamlit_caches() -> None:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    """Debian's Chromium under Playwright, one per test module (skips without them), whose
-    pages wait WAIT_MS for anything: a click, a navigation, an expectation."""
-    from tests.app.browser import (
-        CHROMIUM,
-        CHROMIUM_ARGS,
-        WAIT_MS,
-        PatientBrowser,
-        playwright_or_skip,
-    )
+def chromium() -> Iterator[object]:
+    """Debian's Chromium under Playwright, one per test module (skips without them)."""
+    from tests.app.browser import CHROMIUM, CHROMIUM_ARGS, WAIT_MS, playwright_or_skip
 
     api = playwright_or_skip()
     api.expect.set_options(timeout=WAIT_MS)
     with api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield PatientBrowser(browser)
+        yield browser
         browser.close()
+
+
+@pytest.fixture
+def browser(chromium) -> Iterator[object]:
+    """The module's Chromium, whose pages wait WAIT_MS for anything (a click, a navigation,
+    an expectation); the pages and contexts a test opens are closed when it ends."""
+    from tests.app.browser import PatientBrowser
+
+    patient = PatientBrowser(chromium)
+    yield patient
+    patient.close_opened()
