@@ -130,10 +130,9 @@ class DeviceWeights:
         firsts = torch.arange(int(tiles.sum())) - torch.repeat_interleave(
             torch.cumsum(tiles, 0) - tiles, tiles
         )
-        device = table.device
 
         def column(values: Sequence[int] | torch.Tensor) -> torch.Tensor:
-            return torch.as_tensor(values, dtype=torch.int64).to(device)
+            return _int64(values, table.device)
 
         jobs = _Jobs(
             tile_job=column(tile_job),
@@ -231,14 +230,19 @@ class DeviceWeights:
         )
 
     def _column(self, values: Sequence[int]) -> torch.Tensor:
-        import torch
-
-        return torch.tensor(values, dtype=torch.int64).to(self._live.device)
+        return _int64(values, self._live.device)
 
     def _tl_word(self) -> Any:
         import triton.language as tl
 
         return {1: tl.int8, 2: tl.int16, 4: tl.int32}[self._dtype.itemsize]
+
+
+def _int64(values: Sequence[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """An int64 array of the kernels' (job arrays, offsets) on the weights' device."""
+    import torch
+
+    return torch.as_tensor(values, dtype=torch.int64).to(device)
 
 
 def _tl(dtype: torch.dtype) -> Any:
