@@ -142,6 +142,17 @@ def weight_ops(pool: EnginePool, population: int, repeats: int = 10) -> dict[str
         # the pool checks engines agree after every update: part of the trainer's update phase
         "checksum": timed(lambda i: engine.checksum(), 3),
     }
+    # the same operations timed inside the worker: the kernels without the call into vLLM's
+    # engine (which costs more under MPS)
+    inside = {
+        "perturb": ("es_time_perturb", (repeats,)),
+        "restore": ("es_time_restore", (repeats,)),
+        f"update_{population}": ("es_time_update", (population, repeats)),
+    }
+    for name, (method, method_args) in inside.items():
+        ops[f"{name} in worker"] = statistics.median(
+            engine.llm.collective_rpc(method, args=method_args)[0]
+        )
     # the update's floor: the members' noise read once (CUDA kernels; the offsets are hashed
     # before the clock starts, as the update hashes them before its kernel)
     floor = engine.llm.collective_rpc("es_time_noise_floor", args=(population, repeats))[0]

@@ -437,15 +437,52 @@ class PerturbationWorkerExtension:
         """Seconds of `repeats` perturbations (a new seed each) timed inside the worker, after
         an untimed one, then a restore: the kernels alone, without the call to the worker
         (bench/perturb.py sets them against es_time_copy)."""
+        seconds = self._es_timed(lambda i: self.es_perturb(30_000 + i, 0.002), repeats)
+        self.es_restore()
+        return seconds
+
+    def es_time_restore(self, repeats: int) -> list[float]:
+        """Seconds of `repeats` restores, each of a member perturbed outside the clock, timed
+        inside the worker."""
+        return self._es_timed(
+            lambda _: self.es_restore(),
+            repeats,
+            before=lambda i: self.es_perturb(31_000 + i, 0.002),
+        )
+
+    def es_time_update(self, population: int, repeats: int) -> list[float]:
+        """Seconds of `repeats` updates of `population` members, timed inside the worker, each
+        with its members' offsets kept beforehand as a step's perturbations keep them. The
+        coefficients are 1e-9: the weights move by less than their rounding, so a benchmark
+        may time this on the engine it measures."""
+
+        def seeds(i: int) -> list[int]:
+            return [32_000 + i * population + k for k in range(population)]
+
+        return self._es_timed(
+            lambda i: self.es_update(seeds(i), [1e-9] * population),
+            repeats,
+            before=lambda i: [self._es_offsets(s) for s in seeds(i)],
+        )
+
+    def _es_timed(
+        self,
+        operation: Callable[[int], None],
+        repeats: int,
+        before: Callable[[int], object] | None = None,
+    ) -> list[float]:
+        """Seconds of operation(1..repeats), each synchronized and preceded by before(i) off
+        the clock, after an untimed round 0 (the first call pays for lazily built state)."""
         seconds = []
         for i in range(max(1, repeats) + 1):
+            if before is not None:
+                before(i)
             self.es_check_synchronize()
             start = time.perf_counter()
-            self.es_perturb(30_000 + i, 0.002)
+            operation(i)
             self.es_check_synchronize()
             if i > 0:
                 seconds.append(time.perf_counter() - start)
-        self.es_restore()
         return seconds
 
     def es_time_noise_floor(self, population: int, repeats: int) -> list[float]:
