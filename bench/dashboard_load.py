@@ -197,6 +197,36 @@ class Usage:
         return 60 * (end[1] - start[1]) / max(end[0] - start[0], 1e-9)
 
 
+class ClientUsage:
+    """CPU-seconds of the viewers' side: this process (the websocket viewers, and the step
+    poll) and its other descendants (Playwright's driver and Chromium), not the dashboard or
+    the run. On a real server the viewers' rendering happens on their own machines; here it
+    takes the run's cores too, so the figure says how much of the slowdown is theirs."""
+
+    def __init__(self, server_pids: set[int]) -> None:
+        self.server_pids = server_pids
+        self.cpu: dict[int, float] = {}  # pid -> the most CPU-seconds it was seen with
+        self.samples: list[tuple[float, float]] = []  # (time, viewers' CPU-seconds)
+        self.sample()
+
+    def sample(self) -> None:
+        me = psutil.Process()
+        for process in [me, *me.children(recursive=True)]:
+            try:
+                if process.pid in self.server_pids or process.ppid() in self.server_pids:
+                    continue
+                times = process.cpu_times()
+            except psutil.Error:
+                continue
+            self.cpu[process.pid] = max(self.cpu.get(process.pid, 0.0), times.user + times.system)
+        self.samples.append((time.time(), sum(self.cpu.values())))
+
+    def cpu_per_minute(self, since: float) -> float:
+        start = next(s for s in self.samples if s[0] >= since)
+        end = self.samples[-1]
+        return 60 * (end[1] - start[1]) / max(end[0] - start[0], 1e-9)
+
+
 def step_figures(db: Path, run_id: int, steps: set[int]) -> str:
     """Median step time and tokens/s over `steps`, from the run's own metrics, and each
     step's time (a shared machine's other work shows as outliers)."""
@@ -300,6 +330,10 @@ def measure(
     print(f"{len(alone_before)} steps with no viewer; opening {args.viewers} viewers")
 
     usage = Usage(dashboard.pid)
+    server = {dashboard.pid, run.pid} | {
+        c.pid for p in (dashboard, run) for c in psutil.Process(p.pid).children(recursive=True)
+    }
+    clients = ClientUsage(server)
     seen = Seen()
     opened = time.time()
     stop_browsers, browsers_ready = threading.Event(), threading.Event()
@@ -340,13 +374,15 @@ def measure(
     while time.time() < end:
         time.sleep(SAMPLE_S)
         usage.sample()
+        clients.sample()
         load = os.getloadavg()
         shown = {p: percentiles(seen.latencies(p, steps.committed, warm)) for p in ("run", "runs")}
         print(
             f"{(time.time() - opened) / 60:5.1f} min  step {steps.latest():3d}  "
             f"run page {shown['run']}  runs page {shown['runs']}  "
             f"dashboard {usage.samples[-1][2]:.0f} MB "
-            f"{usage.cpu_per_minute(opened):.1f} CPU-s/min  load {load[0]:.2f}",
+            f"{usage.cpu_per_minute(opened):.1f} CPU-s/min  viewers' side "
+            f"{clients.cpu_per_minute(opened):.1f} CPU-s/min  load {load[0]:.2f}",
             flush=True,
         )
     box["loop"].call_soon_threadsafe(stop_views.set)
@@ -372,6 +408,10 @@ def measure(
         f"dashboard: {usage.cpu_per_minute(opened):.1f} CPU-s/min; memory {rss[0]:.0f} MB before "
         f"the viewers, {rss[len(rss) // 2]:.0f} MB halfway, {rss[-1]:.0f} MB at the end, "
         f"max {max(rss):.0f} MB"
+    )
+    print(
+        f"viewers' side (the websocket viewers and Chromium, on this machine): "
+        f"{clients.cpu_per_minute(opened):.1f} CPU-s/min"
     )
     dropped = sum(v.errors for v in viewers)
     print(f"viewer reconnects: {dropped}; load average {os.getloadavg()}", flush=True)
