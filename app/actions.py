@@ -78,6 +78,8 @@ def cancel_sweep(store: Store, sweep_id: int) -> None:
     except StoreError as exc:
         st.error(str(exc))
         return
+    live.forget_sweep(sweep_id)
+    live.forget([r.id for r in runs])
     st.toast(f"sweep {sweep_id} cancelled, and {len(runs)} of its runs")
 
 

@@ -1,14 +1,16 @@
-"""What the live pages (Run, Runs) read on their timers, read once for all their viewers.
+"""What the live pages (Run, Runs, Sweep, Sweeps) read on their timers, read once for all
+their viewers.
 
 Each viewer of a live page reruns its status every LIVE_SECONDS and a run's charts every
 CHART_SECONDS. Were each rerun to read the database and encode its charts itself, twenty
 viewers of one run would make the dashboard read the same rows and build the same Vega-Lite
 specs twenty times over, on the cores the run trains on (bench/dashboard_load.py measured
-it). Here a run's state and the Runs page's
-rows are read at most once per FRESH_SECONDS for everyone (Streamlit computes a missing
-entry once while other sessions wait for it), and a run's charts are built once per recorded
-step, as Vega-Lite specs that each viewer only sends. An action that changes a run (cancel,
-resume, delete) calls `forget` so that its own page shows the change at once.
+it). Here a run's state and the Runs page's rows are read at most once per FRESH_SECONDS for
+everyone (Streamlit computes a missing entry once while other sessions wait for it), a run's
+charts are built once per recorded step, as Vega-Lite specs that each viewer only sends, and
+a sweep's table and chart (or the Sweeps page's table) once per SWEEP_FRESH_SECONDS. An
+action that changes a run (cancel, resume, delete) calls `forget`, one that changes a sweep
+`forget_sweep`, so that its own page shows the change at once.
 
 Everything here is shared between sessions: callers must not change what they are given."""
 
@@ -18,16 +20,19 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import pandas as pd
+import pyarrow as pa
 import streamlit as st
 from streamlit import dataframe_util
 
-from app import run_charts
+from app import run_charts, sweep_view
 from app.state import get_store
 from app.views import MISSING, mode, model_name, progress, task_name
 from engine import metrics as mk
 from jobs.phases import phase_of, status_text
 from jobs.scheduler import SchedulerSettings
-from jobs.store.records import EventRecord, RunRecord
+from jobs.store.records import EventRecord, RunRecord, SweepRecord
+from jobs.sweeps.driver import sweep_table
+from jobs.sweeps.spec import SweepSpec
 
 LIVE_SECONDS = 1.0
 """How often a live page's status and table rerun: a new step's count shows within this plus
@@ -41,6 +46,11 @@ FRESH_SECONDS = 0.5
 CHART_ENTRIES = 64
 """Runs' chart sets kept (one per run, x-axis and smoothing shown): each is a few hundred
 KB, so memory stays bounded however long the dashboard runs."""
+SWEEP_SECONDS = 5.0
+"""How often the live sweep pages (Sweep, Sweeps) rerun."""
+SWEEP_FRESH_SECONDS = 2.5
+"""How old a shared read of a sweep may be: a sweep's table is a query per run, and its
+chart is built from it, so at most one viewer in each such interval pays for them."""
 HEARTBEAT_TIMEOUT = SchedulerSettings.from_env().heartbeat_timeout_seconds
 
 
@@ -68,11 +78,13 @@ class RunFilters:
 
 @dataclass(frozen=True)
 class RunsListing:
-    """One page of runs, how many match in all, and the table that shows them."""
+    """One page of runs, how many match in all, and the table that shows them: an Arrow
+    table, which st.dataframe only serializes (a DataFrame it would convert on every redraw,
+    half the Runs page's rerun under 20 viewers)."""
 
     runs: tuple[RunRecord, ...]
     total: int
-    table: pd.DataFrame
+    table: pa.Table
 
 
 @st.cache_resource(ttl=FRESH_SECONDS, max_entries=1000, show_spinner=False)
@@ -125,7 +137,7 @@ def runs_listing(filters: RunFilters) -> RunsListing:
     lines = store.sparklines(ids, mk.reward_key(mk.TRAIN), points=30)
     best = store.best_metrics(ids, mk.reward_key(mk.EVAL))
     now = store.database_now()  # the clock the heartbeats were written in
-    table = pd.DataFrame(
+    rows = pd.DataFrame(
         [
             {
                 "id": r.id,
@@ -147,7 +159,35 @@ def runs_listing(filters: RunFilters) -> RunsListing:
             for r in shown
         ]
     )
-    return RunsListing(tuple(shown), total, table)
+    return RunsListing(tuple(shown), total, pa.Table.from_pandas(rows, preserve_index=False))
+
+
+@dataclass(frozen=True)
+class SweepState:
+    """A sweep as its live page shows it: the record, its table (jobs.sweeps.driver) and the
+    Vega-Lite spec of its options against the objective (None before any objective)."""
+
+    sweep: SweepRecord
+    table: pd.DataFrame
+    chart: dict | None
+
+
+@st.cache_resource(ttl=SWEEP_FRESH_SECONDS, max_entries=256, show_spinner=False)
+def sweep_state(sweep_id: int) -> SweepState:
+    store = get_store()
+    sweep = store.get_sweep(sweep_id)
+    table = sweep_table(store, sweep_id)
+    chart = sweep_view.options_chart(table, SweepSpec.from_dict(sweep.spec))
+    return SweepState(sweep, table, None if chart is None else sendable(chart.to_dict()))
+
+
+@st.cache_resource(ttl=SWEEP_FRESH_SECONDS, max_entries=16, show_spinner=False)
+def sweeps_listing(limit: int) -> tuple[tuple[SweepRecord, ...], pa.Table]:
+    """The newest `limit` sweeps and the Sweeps page's table of them."""
+    store = get_store()
+    sweeps = tuple(store.list_sweeps(limit=limit))
+    rows = pd.DataFrame([sweep_view.listing_row(s, sweep_table(store, s.id)) for s in sweeps])
+    return sweeps, pa.Table.from_pandas(rows, preserve_index=False)
 
 
 def forget(run_ids: list[int]) -> None:
@@ -155,3 +195,9 @@ def forget(run_ids: list[int]) -> None:
     for run_id in run_ids:
         run_state.clear(run_id)
     runs_listing.clear()
+
+
+def forget_sweep(sweep_id: int) -> None:
+    """Drops what is kept of this sweep and of the Sweeps page, after an action changed it."""
+    sweep_state.clear(sweep_id)
+    sweeps_listing.clear()

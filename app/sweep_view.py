@@ -16,6 +16,7 @@ from pandas.io.formats.style import Styler
 
 from app import charts
 from app.views import cell
+from jobs.store.records import SweepRecord
 from jobs.store.status import RunStatus
 from jobs.sweeps.spec import Parameter, SweepSpec
 
@@ -60,6 +61,28 @@ def progress(table: pd.DataFrame, budget: int) -> Progress:
         pruned=int((state == "pruned").sum()),
         failed=int((state == "failed").sum()),
     )
+
+
+def listing_row(sweep: SweepRecord, table: pd.DataFrame) -> dict[str, Any]:
+    """The Sweeps list's row of a sweep: what it searches, how far it is, its best run."""
+    spec = SweepSpec.from_dict(sweep.spec)
+    done = progress(table, spec.budget)
+    top = best(table)
+    return {
+        "id": sweep.id,
+        "name": sweep.name,
+        "status": sweep.status.value,
+        "method": spec.method,
+        "options": ", ".join(p.name for p in spec.parameters),
+        "objective": f"{spec.objective.metric} ({spec.objective.mode})",
+        "progress": done.fraction,
+        "runs done": f"{done.done} / {done.budget}",
+        "live": done.queued + done.running,
+        "best": None if top is None else top["objective"],
+        "best run": None if top is None else f"/run?run={top['run_id']}",
+        "created": sweep.created_at,
+        "open": f"/sweep?sweep={sweep.id}",
+    }
 
 
 def ranked(table: pd.DataFrame) -> pd.DataFrame:

@@ -6,15 +6,14 @@ refreshes itself (a fragment on a timer), and stops once the sweep has ended."""
 import pandas as pd
 import streamlit as st
 
-from app import actions, auth, exports, report, sweep_view
+from app import actions, auth, exports, live, report, sweep_view
 from app.state import get_store
 from app.views import MISSING, id_param, inert, number, show_error
 from jobs.store.errors import StoreError
 from jobs.store.status import SweepStatus
-from jobs.sweeps.driver import sweep_base, sweep_table
+from jobs.sweeps.driver import sweep_base
 from jobs.sweeps.spec import SweepSpec
 
-REFRESH_SECONDS = 5
 TOP_K = 3
 
 store = get_store()
@@ -40,13 +39,13 @@ st.caption(
 )
 
 
-def live() -> None:
+def live_part() -> None:
     """Progress, the best run, the ranked runs, the top k and the chart; reruns itself every
-    few seconds while the sweep is active."""
-    current = store.get_sweep(sweep.id)
+    SWEEP_SECONDS while the sweep is active, on the state all its viewers share (app/live.py)."""
+    state = live.sweep_state(sweep.id)
+    current, table = state.sweep, state.table
     if current.status is not SweepStatus.ACTIVE and sweep.status is SweepStatus.ACTIVE:
         st.rerun(scope="app")  # the sweep ended: redraw once without the timer
-    table = sweep_table(store, sweep.id)
     done = sweep_view.progress(table, spec.budget)
     columns = st.columns(6)
     for column, title, value in (
@@ -95,9 +94,8 @@ def live() -> None:
         },
     )
     compare(table)
-    chart = sweep_view.options_chart(table, spec)
-    if chart is not None:
-        st.altair_chart(chart)
+    if state.chart is not None:
+        st.vega_lite_chart(state.chart)
 
 
 def compare(table: pd.DataFrame) -> None:
@@ -117,8 +115,8 @@ def compare(table: pd.DataFrame) -> None:
     )
 
 
-refresh = REFRESH_SECONDS if sweep.status is SweepStatus.ACTIVE else None
-st.fragment(run_every=refresh)(live)()
+refresh = live.SWEEP_SECONDS if sweep.status is SweepStatus.ACTIVE else None
+st.fragment(run_every=refresh)(live_part)()
 
 if sweep.status is SweepStatus.ACTIVE:
     if auth.can_edit():

@@ -2,19 +2,14 @@
 far; each opens its Sweep page. While a sweep is active the table refreshes itself (a
 fragment on a timer), and stops when none is."""
 
-import pandas as pd
 import streamlit as st
 
-from app import actions, sweep_view
+from app import actions, live
 from app.state import get_store
 from app.views import MISSING
-from jobs.store.records import SweepRecord
 from jobs.store.status import SweepStatus
-from jobs.sweeps.driver import sweep_table
-from jobs.sweeps.spec import SweepSpec
 
 LIMIT = 100
-REFRESH_SECONDS = 5
 
 st.title("Sweeps")
 store = get_store()
@@ -22,34 +17,13 @@ if st.button("New sweep", icon=":material/add:"):
     st.switch_page(actions.NEW_PAGE, query_params={"sweep": "1"})
 
 
-def row(sweep: SweepRecord) -> dict:
-    spec = SweepSpec.from_dict(sweep.spec)
-    table = sweep_table(store, sweep.id)
-    done = sweep_view.progress(table, spec.budget)
-    top = sweep_view.best(table)
-    return {
-        "id": sweep.id,
-        "name": sweep.name,
-        "status": sweep.status.value,
-        "method": spec.method,
-        "options": ", ".join(p.name for p in spec.parameters),
-        "objective": f"{spec.objective.metric} ({spec.objective.mode})",
-        "progress": done.fraction,
-        "runs done": f"{done.done} / {done.budget}",
-        "live": done.queued + done.running,
-        "best": None if top is None else top["objective"],
-        "best run": None if top is None else f"/run?run={top['run_id']}",
-        "created": sweep.created_at,
-        "open": f"/sweep?sweep={sweep.id}",
-    }
-
-
 def listing(refreshing: bool) -> None:
-    sweeps = store.list_sweeps(limit=LIMIT)
+    """The table of the newest sweeps, as all its viewers share it (app/live.py)."""
+    sweeps, table = live.sweeps_listing(LIMIT)
     if refreshing and not any(s.status is SweepStatus.ACTIVE for s in sweeps):
         st.rerun(scope="app")  # the last active sweep ended: redraw once without the timer
     st.dataframe(
-        pd.DataFrame([row(s) for s in sweeps]),
+        table,
         hide_index=True,
         placeholder=MISSING,
         column_config={
@@ -63,7 +37,7 @@ def listing(refreshing: bool) -> None:
     st.caption(
         f"{len(sweeps)} sweeps"
         + (f" (the newest {LIMIT})" if len(sweeps) == LIMIT else "")
-        + (f" · refreshing every {REFRESH_SECONDS} s" if refreshing else "")
+        + (f" · refreshing every {live.SWEEP_SECONDS:g} s" if refreshing else "")
     )
 
 
@@ -75,4 +49,4 @@ if not first:
     )
     st.stop()
 refreshing = any(s.status is SweepStatus.ACTIVE for s in first)
-st.fragment(run_every=REFRESH_SECONDS if refreshing else None)(listing)(refreshing)
+st.fragment(run_every=live.SWEEP_SECONDS if refreshing else None)(listing)(refreshing)
