@@ -12,7 +12,8 @@ each call, and the CPU-seconds the load got meanwhile.
 
 An engine's OpenMP threads split each layer's work evenly among the cores: a thread that
 loses its core holds up the others at the end of the layer, so a load that takes a share f
-of each core slows the engine by about 1 / (1 - f)^2, not 1 / (1 - f).
+of each core slows the engine by about 1 / (1 - f)^2, not 1 / (1 - f), and by more when it
+comes in short frequent bursts (docs/benchmarks.md, "Many viewers of a live run").
 """
 
 from __future__ import annotations
