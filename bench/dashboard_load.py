@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import psutil
@@ -178,6 +178,14 @@ def first_run(db: Path, process: subprocess.Popen) -> int:
         time.sleep(1)
 
 
+def cpu_per_minute(samples: Sequence[tuple[float, ...]], since: float) -> float:
+    """CPU-seconds a minute between the first sample at or after `since` and the last, from
+    samples that start (time, CPU-seconds, ...)."""
+    start = next(s for s in samples if s[0] >= since)
+    end = samples[-1]
+    return 60 * (end[1] - start[1]) / max(end[0] - start[0], 1e-9)
+
+
 class Usage:
     """The dashboard process's CPU-seconds and resident memory, sampled as it goes."""
 
@@ -192,9 +200,7 @@ class Usage:
         self.samples.append((time.time(), cpu.user + cpu.system, rss))
 
     def cpu_per_minute(self, since: float) -> float:
-        start = next(s for s in self.samples if s[0] >= since)
-        end = self.samples[-1]
-        return 60 * (end[1] - start[1]) / max(end[0] - start[0], 1e-9)
+        return cpu_per_minute(self.samples, since)
 
 
 class ClientUsage:
@@ -222,9 +228,7 @@ class ClientUsage:
         self.samples.append((time.time(), sum(self.cpu.values())))
 
     def cpu_per_minute(self, since: float) -> float:
-        start = next(s for s in self.samples if s[0] >= since)
-        end = self.samples[-1]
-        return 60 * (end[1] - start[1]) / max(end[0] - start[0], 1e-9)
+        return cpu_per_minute(self.samples, since)
 
 
 def step_figures(db: Path, run_id: int, steps: set[int]) -> str:
