@@ -5,14 +5,12 @@ fragment on a timer), and stops when none is."""
 import streamlit as st
 
 from app import actions, live
-from app.state import get_store
 from app.views import MISSING
 from jobs.store.status import SweepStatus
 
 LIMIT = 100
 
 st.title("Sweeps")
-store = get_store()
 if st.button("New sweep", icon=":material/add:"):
     st.switch_page(actions.NEW_PAGE, query_params={"sweep": "1"})
 
@@ -41,7 +39,7 @@ def listing(refreshing: bool) -> None:
     )
 
 
-first = store.list_sweeps(limit=LIMIT)
+first, _ = live.sweeps_listing(LIMIT)  # the fragment's read, shared
 if not first:
     st.info(
         "No sweeps yet: press **New sweep** (the New run page's Sweep section) or use "
