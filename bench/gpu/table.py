@@ -62,13 +62,15 @@ def is_lora(row: dict) -> bool:
 
 
 def mode(results: dict, row: dict) -> str:
-    """full, K engines (+ MPS), or the low-rank mode and its rank ('lora r4, one call')."""
-    if is_lora(row):
-        return f"{row.get('mode') or 'lora'}, one call"
+    """full, K engines (+ MPS), or the low-rank mode and its rank ('lora r4, one call', or
+    its engines where several split the population)."""
     engines = row["engines"]
+    if is_lora(row):
+        calls = "one call" if engines == 1 else f"{engines} engines, 1 a GPU"
+        return f"{row.get('mode') or 'lora'}, {calls}"
     per_gpu = row.get("engines_per_gpu", engines)
     if engines == 1:
-        text = "full, 1 engine"
+        text = "full, 1 engine" + (" in a Ray actor" if row.get("in_actors") else "")
     elif per_gpu == 1:
         text = f"full, {engines} engines, 1 a GPU"
     else:

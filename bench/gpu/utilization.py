@@ -179,13 +179,16 @@ def common_options(args: argparse.Namespace) -> dict:
     return common
 
 
-def full_rank_pool(args: argparse.Namespace, k: int | str, common: dict) -> EnginePool:
+def full_rank_pool(
+    args: argparse.Namespace, k: int | str, common: dict, in_actors: bool = False
+) -> EnginePool:
     """The k full-rank engines of a row (args: model, prompts, memory, engines_per_gpu); k
-    auto: the engines a run gets by default (`auto_pool`)."""
+    auto: the engines a run gets by default (`auto_pool`). One engine runs in this process
+    unless `in_actors` (the --actor-row: one engine as each engine of several runs)."""
     if k == AUTO:
         return auto_pool(args, common)
     # an engine of several only ever holds one member's prompts: fewer CUDA graphs
-    seqs = BATCH if k == 1 else 4 * args.prompts
+    seqs = BATCH if k == 1 and not in_actors else 4 * args.prompts
     per_gpu = engines_per_gpu(args, k)
     # an in-process engine does not give all its memory back at shutdown: leave room
     # (the --lora row starts a second one after it)
@@ -193,6 +196,7 @@ def full_rank_pool(args: argparse.Namespace, k: int | str, common: dict) -> Engi
         args.model,
         num_engines=k,
         engines_per_gpu=per_gpu,
+        in_actors=in_actors,
         max_num_seqs=seqs,
         gpu_memory_utilization=args.memory / per_gpu,
         **common,
@@ -249,7 +253,20 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--max-model-len", type=int, default=1024)
-    parser.add_argument("--lora", action="store_true", help="add the low-rank mode's row")
+    parser.add_argument(
+        "--actor-row",
+        action="store_true",
+        help="add a row of one full-rank engine in a Ray actor (as each engine of several "
+        "runs), beside the in-process one",
+    )
+    parser.add_argument("--lora", action="store_true", help="add the low-rank mode's rows")
+    parser.add_argument(
+        "--lora-engines",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="--lora rows, one per engine count, one engine a GPU (the population split over them)",
+    )
     parser.add_argument("--rank", type=int, default=4, help="lora_rank of the --lora row")
     parser.add_argument(
         "--lora-kernels",
@@ -294,14 +311,18 @@ def main() -> None:
     tp = args.tensor_parallel_size
     if tp > 1:
         results["tensor_parallel_size"] = tp
-    for k in sorted(args.engines, key=row_order, reverse=True):
+    rows = [(k, False) for k in sorted(args.engines, key=row_order, reverse=True)]
+    if args.actor_row:
+        rows.insert(len(rows) - (1 in args.engines), (1, True))
+    for k, in_actors in rows:
         start = time.perf_counter()
-        pool = full_rank_pool(args, k, common)
+        pool = full_rank_pool(args, k, common, in_actors)
         started = time.perf_counter() - start
         # auto puts its engines on one card
         per_gpu = pool.num_engines if k == AUTO else engines_per_gpu(args, k)
+        local = pool._local is not None
         try:
-            if k == 1:
+            if local:
                 info = pool._local.info
                 results["parameters"] = info["num_parameters"]
                 results["packed_tensors"] = info["packed_tensors"]
@@ -311,48 +332,62 @@ def main() -> None:
                 "engines_per_gpu": per_gpu,
                 "gpus": pool.num_engines * tp // per_gpu,
                 "places": pool.devices(),
+                "in_actors": not local,
                 "perturbation": "full",
                 "start_s": started,
                 **es_iteration(pool, es_config(args, lora=False)),
             }
             row["members_per_s"] = args.population / row[mk.time_key("step")]
-            if k == 1:
+            if local:
                 results["weight_ops_s"] = weight_ops(pool, args.population)
         finally:
             pool.shutdown()
         record(results, row, args.json)
     if args.lora:
-        record(results, lora_row(args, common, results), args.json)
+        # engines in actors first: the in-process one keeps some memory after shutdown
+        for k in sorted(args.lora_engines, reverse=True):
+            record(results, lora_row(args, common, results, k), args.json)
     print(render(results, str(args.json or args.model)))
 
 
-def lora_row(args: argparse.Namespace, common: dict, results: dict) -> dict:
-    """The low-rank mode on one multi-LoRA engine (max_loras = the population). Without a
-    one-engine full-rank row, the 256-prompt call is measured on this engine (the base
-    model, no adapter): the engine's own batched speed."""
-    config = es_config(args, lora=True)
-    start = time.perf_counter()
-    pool = EnginePool(
+def lora_pool(args: argparse.Namespace, common: dict, k: int = 1) -> EnginePool:
+    """k multi-LoRA engines (max_loras = the population), one a GPU; one runs in this
+    process."""
+    return EnginePool(
         args.model,
+        num_engines=k,
         max_num_seqs=BATCH,
         gpu_memory_utilization=args.memory,
-        extra_llm_args=engine_args(config),
+        extra_llm_args=engine_args(es_config(args, lora=True)),
         lora_kernels=args.lora_kernels,
         **common,
     )
+
+
+def lora_row(args: argparse.Namespace, common: dict, results: dict, k: int = 1) -> dict:
+    """The low-rank mode on k multi-LoRA engines, the population's prompts split over them.
+    Without a one-engine full-rank row, the 256-prompt call is measured on this row's first
+    engine (the base model, no adapter): the engine's own batched speed."""
+    start = time.perf_counter()
+    pool = lora_pool(args, common, k)
     started = time.perf_counter() - start
     try:
-        if "batched_tokens_per_s" not in results:
+        if "batched_tokens_per_s" not in results and k == 1:
             results["parameters"] = pool._local.info["num_parameters"]
             results["batched_tokens_per_s"] = batched_tokens_per_s(pool, args.max_tokens)
             results["note"] = "the 256-prompt call ran on the multi-LoRA engine"
-        return {
-            "engines": 1,
+        row = {
+            "engines": k,
+            "engines_per_gpu": 1,
+            "gpus": k * args.tensor_parallel_size,
+            "places": pool.devices(),
             "perturbation": "lora",
             "mode": f"lora r{args.rank}, {args.lora_kernels} kernels",
             "start_s": started,
-            **es_iteration(pool, config),
+            **es_iteration(pool, es_config(args, lora=True)),
         }
+        row["members_per_s"] = args.population / row[mk.time_key("step")]
+        return row
     finally:
         pool.shutdown()
 

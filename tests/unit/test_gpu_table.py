@@ -190,3 +190,13 @@ def test_the_command_writes_the_page_once_and_fails_clearly_without_markers(tmp_
     assert table.main([str(results), "--write", str(page)]) == 2
     assert "needs one '<!-- gpu-table:start -->' line" in capsys.readouterr().err
     assert page.read_text() == "no markers\n"
+
+
+def test_an_engine_in_a_ray_actor_and_lora_engines_over_gpus_say_so_in_their_mode():
+    rows = [
+        {**NEW["rows"][1], "in_actors": True},
+        {**NEW["rows"][0], "engines": 4, "engines_per_gpu": 1},
+    ]
+    full, lora = cells(table.render({**NEW, "rows": rows}, "results/x.json"))
+    assert full[3] == "full, 1 engine in a Ray actor"
+    assert lora[3] == "lora r4, 4 engines, 1 a GPU"
