@@ -129,6 +129,37 @@ def test_same_seed_gives_the_same_perturbation_and_generation(vllm_engine):
     assert engine.check("es_check_fp32_copies") == [0]
 
 
+def test_no_prompt_reuses_kv_blocks_cached_under_other_weights(vllm_engine, monkeypatch):
+    """The prefix cache serves a prompt's blocks again while the weights stay, and never
+    across a weight change (each change gives the prompts a new cache salt)."""
+    engine = vllm_engine
+    outputs = []
+    generate = engine.llm.generate
+
+    def spy(*args, **kwargs):
+        outputs.append(generate(*args, **kwargs))
+        return outputs[-1]
+
+    monkeypatch.setattr(engine.llm, "generate", spy)
+    # longer than a KV block on either build, so that the cache has a whole block to serve
+    prompt = [[{"role": "user", "content": " ".join(["Tell me about the sea."] * 60)}]]
+
+    def cached() -> int:
+        engine.generate(prompt, max_tokens=1)
+        return outputs[-1][0].num_cached_tokens
+
+    engine.restore()
+    cached()
+    assert cached() > 0  # the same weights: the prompt's blocks are served from the cache
+    engine.perturb(5, 0.01)
+    assert cached() == 0
+    assert cached() > 0  # the perturbed weights' own blocks are
+    engine.update([5], [0.0])
+    assert cached() == 0
+    engine.restore()
+    assert cached() == 0
+
+
 def test_members_and_tensors_get_independent_noise(vllm_engine):
     engine = vllm_engine
     info = engine.check("es_check_info")[0]

