@@ -534,10 +534,13 @@ def _cpu_bind_masks(num_engines: int, cores: Sequence[int]) -> list[str]:
 
 def engine_place(info: Mapping[str, Any]) -> str:
     """Where an engine computes, from its info: host, device and the card's or CPU's name
-    (`gpu-a/cuda:0 (NVIDIA H100 80GB HBM3)`), and for an engine in a Ray actor its node's
-    short id and address (`, Ray node 3f2a1b9c at 10.0.0.5`): two nodes may share a host
-    name (several raylets on one machine, containers)."""
-    device = f"{info.get('device', '?')} ({info.get('device_name', 'unknown')})"
+    (`gpu-a/GPU 2 (NVIDIA H100 80GB HBM3)`, `GPUs 2, 3` for an engine of tensor parallel
+    ranks, the machine's own numbering; `node/cpu (Xeon)`), and for an engine in a Ray
+    actor its node's short id and address (`, Ray node 3f2a1b9c at 10.0.0.5`): two nodes
+    may share a host name (several raylets on one machine, containers)."""
+    gpus = [str(g) for g in info.get("gpus") or ()]
+    where = f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(gpus)}" if gpus else None
+    device = f"{where or info.get('device', '?')} ({info.get('device_name', 'unknown')})"
     place = f"{info.get('host', '?')}/{device}"
     if info.get("node_id"):
         place += f", Ray node {info['node_id'][:8]} at {info.get('node_ip', '?')}"

@@ -88,7 +88,10 @@ def test_the_engine_says_where_it_computes(vllm_engine):
     assert vllm_engine.info["device_name"] == expected != "unknown"
     host = vllm_engine.info["host"]
     assert host == socket.gethostname()
-    assert EnginePool.wrap(vllm_engine).devices() == [f"{host}/{device} ({expected})"]
+    gpus = vllm_engine.info["gpus"]  # the machine's numbering of the card, one a rank
+    assert len(gpus) == (1 if device.startswith("cuda") else 0)
+    where = f"GPU {gpus[0]}" if gpus else device
+    assert EnginePool.wrap(vllm_engine).devices() == [f"{host}/{where} ({expected})"]
 
 
 def test_perturb_restore_is_bit_exact_after_many_cycles(vllm_engine):

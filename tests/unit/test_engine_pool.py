@@ -185,6 +185,28 @@ def test_engine_places_tell_two_nodes_of_one_host_apart():
     )
 
 
+def test_engine_places_name_each_engines_cards_as_the_machine_numbers_them():
+    """Every engine in a Ray actor sees its card as cuda:0; the place names the card."""
+    card = {"host": "box", "device": "cuda:0", "device_name": "NVIDIA H200"}
+    assert pool_module.engine_place({**card, "gpus": ["2"]}) == "box/GPU 2 (NVIDIA H200)"
+    assert pool_module.engine_place({**card, "gpus": ["2", "3"]}) == ("box/GPUs 2, 3 (NVIDIA H200)")
+    assert pool_module.engine_place(card) == "box/cuda:0 (NVIDIA H200)"  # an older info
+
+
+def test_a_worker_names_its_card_by_cuda_visible_devices(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from engine.backends.vllm.worker_extension import _gpu_id
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert _gpu_id(torch.device("cuda:0")) == "2"
+    assert _gpu_id(torch.device("cuda:1")) == "3"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f3e")
+    assert _gpu_id(torch.device("cuda:0")) == "GPU-8f3e"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert _gpu_id(torch.device("cuda:1")) == "1"
+    assert _gpu_id(torch.device("cpu")) is None
+
+
 class FakeActor:
     """A Ray actor handle whose calls return a placeholder reference."""
 

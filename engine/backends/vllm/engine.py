@@ -151,9 +151,12 @@ class VLLMEngine:
             gc.unfreeze()
             raise
         self.tokenizer = self.llm.get_tokenizer()
-        self.info: dict[str, Any] = self._rpc(
-            "es_init", self.model, noise_table_seed, min_noise_table_len
-        )[0]
+        ranks = self._rpc("es_init", self.model, noise_table_seed, min_noise_table_len)
+        # rank 0's summary, and the cards of every rank (tensor parallelism: several)
+        self.info: dict[str, Any] = {
+            **ranks[0],
+            "gpus": [r["gpu"] for r in ranks if r.get("gpu") is not None],
+        }
 
     # ---- generation -------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -150,6 +151,7 @@ class PerturbationWorkerExtension:
             "table_dtype": str(self._es_table.dtype),
             "update_table_dtype": str(self._es_update_table.dtype),
             "device": str(largest.device),
+            "gpu": _gpu_id(largest.device),
             "device_name": _device_name(largest.device),
             "host": socket.gethostname(),
             "tp_rank": self._es_tp_rank,
@@ -587,6 +589,19 @@ def _tp_rank_and_size() -> tuple[int, int]:
     )
 
     return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+
+
+def _gpu_id(device: torch.device) -> str | None:
+    """The card as the machine numbers it (nvidia-smi's index, or the UUID where
+    CUDA_VISIBLE_DEVICES names cards so), None off CUDA. Ray gives each engine's actor its
+    cards in CUDA_VISIBLE_DEVICES, so every engine's own device is cuda:0, which would name
+    all four cards of a 4-GPU run alike."""
+    if device.type != "cuda":
+        return None
+    index = device.index or 0
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+    visible = [v for v in visible if v]
+    return visible[index] if index < len(visible) else str(index)
 
 
 def _device_name(device: torch.device) -> str:
