@@ -13,8 +13,9 @@ MPS daemon ran, or the low-rank mode with its rank: every member in one multi-Lo
 the step time and each phase the file holds in seconds (generation and perturb are summed
 over members, so with several engines they exceed the step; in the low-rank mode perturb is
 writing the members' adapter slots), generated tokens per second of the iteration, and
-utilization = that / tokens per second of one batched call of 256 prompts on one engine, and
-members per second (population / step time; newer files only).
+utilization = that / tokens per second of one batched call of 256 prompts on one engine, per
+card (a row over several GPUs divides by their number: the share of its cards' batched
+speed), and members per second (population / step time; newer files only).
 Below each table: the weight operations against one plain copy of all weights. A figure a
 file lacks (an older file) shows as '-'; rows and files of another kind are skipped with a
 note.
@@ -130,6 +131,7 @@ def render(results: Any, source: str) -> str:
     model = f"{folder} ({size(results.get('parameters'))})"
     for row in known:
         tps = row[TOKENS] / row[STEP] if row[STEP] else None
+        cards = row.get("gpus") or 1
         cells = [
             str(results.get("card") or MISSING),
             str(results.get("vllm") or MISSING),
@@ -138,7 +140,9 @@ def render(results: Any, source: str) -> str:
             seconds(row[STEP]),
             *(seconds(row.get(f"time/{p}")) for p in names),
             f"{tps:,.0f}" if tps else MISSING,
-            f"{tps / base:.2f}" if tps and isinstance(base, int | float) and base else MISSING,
+            f"{tps / base / cards:.2f}"
+            if tps and isinstance(base, int | float) and base
+            else MISSING,
             f"{row['members_per_s']:.1f}" if "members_per_s" in row else MISSING,
         ]
         lines.append("| " + " | ".join(cells) + " |")

@@ -200,3 +200,9 @@ def test_an_engine_in_a_ray_actor_and_lora_engines_over_gpus_say_so_in_their_mod
     full, lora = cells(table.render({**NEW, "rows": rows}, "results/x.json"))
     assert full[3] == "full, 1 engine in a Ray actor"
     assert lora[3] == "lora r4, 4 engines, 1 a GPU"
+
+
+def test_utilization_is_per_card_where_a_row_ran_on_several_gpus():
+    rows = [{**NEW["rows"][2], "gpus": 2}]  # 8,000 tokens/s over two cards of 20,000 each
+    (spread,) = cells(table.render({**NEW, "rows": rows}, "results/x.json"))
+    assert spread[-3:] == ["8,000", "0.20", "8.0"]
