@@ -5,6 +5,9 @@ configuration files that vLLM reads from VLLM_TUNED_CONFIG_FOLDER.
     python3 bench/gpu/lora_kernel_tune.py MODEL_DIR [MODEL_DIR ...] --out FOLDER
         [--rank 4] [--adapters 32] [--tokens 64 256 1024 4096]
 
+With FOLDER engine/backends/vllm/cuda/tuned_lora, `lora_kernels: deterministic` gives vLLM
+these files on this kind of card from then on (engine/backends/vllm/cuda/lora_configs.py).
+
 Why: profiled on an H200 (bench/gpu/profile_step.py, 1.07B model, 32 members of 8 prompts),
 the two kernels took 1.21 s of the step's 1.55 s of GPU time, each call 40-60 us for work
 of a few microseconds' worth of memory traffic, with vLLM 0.26's default blocks (shrink
@@ -36,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from engine.backends.vllm.cpu.resources import model_config  # noqa: E402
+from engine.backends.vllm.cuda.lora_configs import card_file_name  # noqa: E402
 
 SHRINK_SPACE = {
     "block_m": (16, 32, 64),
@@ -104,10 +108,6 @@ def nest(entries: dict[tuple[int, int, int, int, int], dict]) -> dict:
             level = level.setdefault(str(key), {})
         level[str(n)] = config
     return out
-
-
-def card_file_name(gpu_name: str) -> str:
-    return gpu_name.replace(" ", "_").replace("-", "_")
 
 
 class Bench:

@@ -62,7 +62,7 @@ NOISE_SCALINGS = ("layer", "none")
 
 LORA_KERNELS = ("deterministic", "fast")
 """On CUDA, deterministic: vLLM's LoRA shrink kernel without split-K (the same sums in the
-same order every run, engine.backends.vllm.lora_slots.deterministic_lora_configs); fast:
+same order every run, engine/backends/vllm/cuda/lora_configs.py); fast:
 vLLM's default, whose split-K partial sums are added with atomics in an order that changes
 from run to run. CPU kernels are deterministic either way."""
 

@@ -5,12 +5,13 @@ batch size, slice count and layer size, and the engine points vLLM at it only wh
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 
 from engine.backends.vllm import engine as vllm_engine
-from engine.backends.vllm.lora_slots import deterministic_lora_configs
+from engine.backends.vllm.cuda.lora_configs import deterministic_lora_configs
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -95,3 +96,54 @@ def test_a_folder_of_the_users_own_is_left_alone(monkeypatch, tmp_path):
 def test_an_unknown_choice_is_refused():
     with pytest.raises(ValueError, match="lora_kernels must be one of"):
         vllm_engine._choose_lora_kernels("quick", H100)
+
+
+def tuned_files(folder, shrink_split_k: int = 1):
+    """A card's tuned files as bench/gpu/lora_kernel_tune.py writes them (one entry each)."""
+    from bench.gpu.lora_kernel_tune import nest
+
+    name = "NVIDIA_H100_80GB_HBM3"
+    folder.mkdir()
+    shrink = {"block_m": 16, "block_n": 16, "block_k": 512, "split_k": shrink_split_k}
+    shrink |= {"num_warps": 8, "num_stages": 1, "group_size_m": 8, "num_ctas": 1}
+    expand = {"block_m": 16, "block_n": 256, "block_k": 16, "num_warps": 4, "num_stages": 1}
+    expand |= {"num_ctas": 1, "max_nreg": None}
+    (folder / f"{name}_SHRINK.json").write_text(
+        json.dumps(nest({(33, 3, 256, 576, 8): {**shrink, "max_nreg": None}}))
+    )
+    for add in ("TRUE", "FALSE"):
+        (folder / f"{name}_EXPAND_{add}.json").write_text(
+            json.dumps(nest({(33, 3, 256, 8, 576): expand}))
+        )
+    return folder
+
+
+def test_tuned_configurations_for_the_card_are_what_vllm_reads(monkeypatch, tmp_path):
+    from vllm import envs
+    from vllm.lora.ops.triton_ops import utils
+
+    folder = deterministic_lora_configs(tmp_path / "ours", H100, tuned_files(tmp_path / "t"))
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", folder)
+    monkeypatch.setattr(utils.torch.cuda, "get_device_name", lambda *_: H100)
+    if hasattr(envs, "disable_envs_cache"):
+        envs.disable_envs_cache()
+    utils.load_lora_op_config.cache_clear()
+    utils.get_lora_op_configs.cache_clear()
+    try:
+        shape = {"max_loras": 33, "batch": 256, "hidden_size": 576, "rank": 8, "num_slices": 3}
+        shrink = utils.get_lora_op_configs(op_type="shrink", **shape)
+        expand = utils.get_lora_op_configs(op_type="expand", add_inputs=True, **shape)
+    finally:
+        utils.load_lora_op_config.cache_clear()
+        utils.get_lora_op_configs.cache_clear()
+    assert (shrink["block_k"], shrink["split_k"]) == (512, 1)
+    assert (expand["block_m"], expand["block_n"]) == (16, 256)
+
+
+def test_a_tuned_shrink_that_splits_k_is_refused_naming_its_file(tmp_path):
+    tuned = tuned_files(tmp_path / "t", shrink_split_k=8)
+    with pytest.raises(
+        ValueError, match=r"NVIDIA_H100_80GB_HBM3_SHRINK\.json: 1 shrink .*split_k 8"
+    ):
+        deterministic_lora_configs(tmp_path / "ours", H100, tuned)
+    assert not (tmp_path / "ours" / "NVIDIA_H100_80GB_HBM3_EXPAND_TRUE.json").exists()

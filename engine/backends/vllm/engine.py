@@ -31,8 +31,8 @@ from typing import Any
 
 from engine.backends.base import Completion, Prompt
 from engine.backends.vllm.cpu import resources as cpu_resources
+from engine.backends.vllm.cuda.lora_configs import deterministic_lora_configs
 from engine.backends.vllm.lora_slots import (
-    deterministic_lora_configs,
     lora_requests,
     tmpfs_dir,
     write_placeholder,

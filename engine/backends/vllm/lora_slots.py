@@ -18,8 +18,8 @@ all run there: a few gathers, index_selects and one indexed write per layer slic
 copy of factors from the host (on this CPU, writing 32 members of the default model, rank
 4, takes 0.11 s a step against 0.32-0.35 s with the CPU generator: bench/lora.py --modes
 lora --populations 32 --prompts 2 --max-tokens 16 --steps 2, its perturb s). The slot ids
-stay the same from step to step, so the engine resets its prefix cache after every write:
-cached blocks are keyed by adapter id, and the weights behind an id change.
+stay the same from step to step, so every write gives the engine's prompts a new cache salt
+(engine.py): cached blocks are keyed by adapter id, and the weights behind an id change.
 
 Saved adapters (PEFT folders, e.g. a trained one) are still served by path: every folder
 gets a fresh id the first time it is named, and nobody rewrites a folder, so a cached
@@ -71,41 +71,6 @@ def lora_llm_args(max_loras: int, rank: int) -> dict[str, Any]:
         "max_lora_rank": max_rank,
         "max_cpu_loras": max_loras,
     }
-
-
-SHRINK_SPLIT_K_1 = {
-    # vLLM 0.26's default shrink configuration (vllm/lora/ops/triton_ops/utils.py,
-    # get_lora_op_configs) for batches under 128 tokens and from 128 on, with split_k 1
-    m: {
-        "block_m": 32,
-        "block_n": 16,
-        "block_k": 256 if m < 128 else 32,
-        "split_k": 1,
-        "num_warps": 4,
-        "num_ctas": 1,
-        "group_size_m": 8,
-        "num_stages": 2,
-        "max_nreg": None,
-    }
-    for m in (1, 127, 128)
-}
-"""By batch size m: vLLM picks the nearest m key, so m < 128 gets the first two's blocks
-and m >= 128 the last's, as its default does."""
-
-
-def deterministic_lora_configs(folder: str | Path, gpu_name: str) -> str:
-    """Write the tuned-kernel file that makes vLLM's LoRA shrink kernel sum without split-K
-    on GPU `gpu_name`, for any number of adapters, slices (q/k/v fused: 3) and sizes, and
-    return the folder for VLLM_TUNED_CONFIG_FOLDER. vLLM reads
-    FOLDER/<name with spaces and dashes as _>_SHRINK.json, keyed max_loras -> num_slices ->
-    m -> k -> n, taking the nearest key of each but num_slices."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    by_size = {str(m): {"1": {"1": config}} for m, config in SHRINK_SPLIT_K_1.items()}
-    table = {"1": {str(slices): by_size for slices in (1, 2, 3)}}
-    name = gpu_name.replace(" ", "_").replace("-", "_")
-    (folder / f"{name}_SHRINK.json").write_text(json.dumps(table, indent=1))
-    return str(folder)
 
 
 MEMBER_ID_BASE = 1 << 30

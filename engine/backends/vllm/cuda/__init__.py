@@ -2,4 +2,6 @@
 
 - kernels: the Triton kernels (perturb, restore, update, fingerprint) over a list of tensors
 - weights: a worker's tensors laid out as the kernels' job list, and the calls that launch them
+- lora_configs: the configurations of vLLM's multi-LoRA kernels that keep LoRA runs
+  deterministic (tuned ones per card in tuned_lora/)
 """
