@@ -476,13 +476,26 @@ def actor_env() -> dict[str, str]:
     return {"PYTHONPATH": path}
 
 
-def gpu_engine_threads(num_engines: int, cores: int | None = None) -> dict[str, str]:
-    """OMP_NUM_THREADS for engines on GPUs in Ray actors: this machine's cores shared out.
+GPU_THREADS_VARIABLE = "ESLAB_GPU_ENGINE_THREADS"
+
+
+def gpu_engine_threads(
+    num_engines: int, cores: int | None = None, environ: Mapping[str, str] = os.environ
+) -> dict[str, str]:
+    """OMP_NUM_THREADS for engines on GPUs in Ray actors: this machine's cores shared out,
+    or ESLAB_GPU_ENGINE_THREADS each where it is set.
 
     Ray gives an actor of one CPU OMP_NUM_THREADS=1, and a vLLM engine's host side (its
     scheduler, sampling metadata, detokenizing) then slows its generation: on two H100s an
     engine generated a member of a 1.07B model in 0.33 s with 1 thread against 0.27 s with 8,
-    and the in-process engine of a pool of one (all the machine's threads) in 0.25 s."""
+    and the in-process engine of a pool of one (all the machine's threads) in 0.25 s. On four
+    H200s, engines of 16 and 32 threads each generated 10-19% slower than one alone, which
+    the variable lets an operator (or bench/gpu/utilization.py) try other counts against."""
+    given = environ.get(GPU_THREADS_VARIABLE)
+    if given is not None:
+        if not given.strip().isdigit() or int(given) < 1:
+            raise ValueError(f"{GPU_THREADS_VARIABLE} must be a whole number from 1, got {given!r}")
+        return {"OMP_NUM_THREADS": str(int(given))}
     cores = cores or len(os.sched_getaffinity(0))
     return {"OMP_NUM_THREADS": str(max(1, cores // max(1, num_engines)))}
 

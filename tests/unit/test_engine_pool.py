@@ -247,6 +247,10 @@ def test_a_dead_actor_is_reported_as_the_lost_engine_and_where_it_ran(monkeypatc
 def test_engines_on_gpus_share_the_machines_cores_out_not_ray_s_one_thread():
     assert gpu_engine_threads(2, cores=32) == {"OMP_NUM_THREADS": "16"}
     assert gpu_engine_threads(8, cores=4) == {"OMP_NUM_THREADS": "1"}
+    given = {"ESLAB_GPU_ENGINE_THREADS": "6"}
+    assert gpu_engine_threads(2, cores=32, environ=given) == {"OMP_NUM_THREADS": "6"}
+    with pytest.raises(ValueError, match="ESLAB_GPU_ENGINE_THREADS must be a whole number"):
+        gpu_engine_threads(2, environ={"ESLAB_GPU_ENGINE_THREADS": "half"})
 
 
 def test_engines_sharing_a_gpu_without_mps_are_named_with_the_fix(tmp_path, monkeypatch):
