@@ -96,8 +96,7 @@ class VLLMEngine:
         (126 tokens/s); the pool sets an explicit core set per engine instead.
         """
         self._member_folder: str | None = None  # the member slots' placeholder adapter
-        self._salt = "weights-0"  # the prompts' cache salt (see the module's docstring)
-        self._version = 0
+        self._weights_version = 0  # in the prompts' cache salt (see the module's docstring)
         self._member_placeholder: str | None = None
         _set_process_environment(in_process)
 
@@ -356,8 +355,11 @@ class VLLMEngine:
 
     def _weights_changed(self) -> None:
         """A new cache salt: no later prompt hits a block cached with the earlier weights."""
-        self._version += 1
-        self._salt = f"weights-{self._version}"
+        self._weights_version += 1
+
+    @property
+    def _salt(self) -> str:
+        return f"weights-{self._weights_version}"
 
     def _rpc(self, method: str, *args: Any) -> list[Any]:
         if self.llm is None:
