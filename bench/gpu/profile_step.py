@@ -33,8 +33,8 @@ from engine.trainer import train
 
 KINDS = {
     "lora": re.compile(r"lora|shrink|expand|punica|sgmv|bgmv", re.I),
+    "attention": re.compile(r"flash|attn|attention", re.I),  # before matmul: FA3 is sm90 cutlass
     "matmul": re.compile(r"gemm|cutlass|sm90|nvjet|cublas|matmul", re.I),
-    "attention": re.compile(r"flash|attn|attention", re.I),
     "sampling": re.compile(r"sort|topk|top_k|argmax|softmax|sample|gather|scatter", re.I),
 }
 """Kernel kinds by name (first match wins); the rest is 'other' (norms, activations, copies)."""
