@@ -27,6 +27,9 @@ from tests.jobs.helpers import STANDIN, queue_run, wait_for
 pytestmark = pytest.mark.heavy
 
 ESLAB = str(Path(sys.executable).with_name("eslab"))
+RUN_STEPS_S = 400
+"""How long a real run started by serve (a Ray job, its engine, two steps) may take: on a
+2-core machine whose other test worker runs an engine too, 180 s was once not enough."""
 
 
 class Serve:
@@ -110,7 +113,9 @@ def test_serve_schedules_refuses_a_second_scheduler_and_stops_cleanly(
         assert first.said(f"made a Ray token for this user in {token}")
         assert stat.S_IMODE(token.stat().st_mode) == 0o600
         assert_ray_asks_for_the_token(ray_url, token.read_text())
-        wait_for(lambda: sqlite_store.get_run(run.id).step >= 2, 180, "the run to make steps")
+        wait_for(
+            lambda: sqlite_store.get_run(run.id).step >= 2, RUN_STEPS_S, "the run to make steps"
+        )
         assert_listens_on_loopback_only(first.process.pid)
 
         second = Serve(sqlite_url, home=home)
@@ -150,7 +155,9 @@ def test_a_serve_killed_outright_leaves_its_successor_its_head_port_and_lock(
     note = None
     try:
         wait_for(first.dashboard_answers, 90, "the dashboard")
-        wait_for(lambda: sqlite_store.get_run(run.id).step >= 2, 180, "the run to make steps")
+        wait_for(
+            lambda: sqlite_store.get_run(run.id).step >= 2, RUN_STEPS_S, "the run to make steps"
+        )
         note = read_note(database)
         assert note is not None and note.head is not None and note.dashboard_pid is not None
         first.process.kill()  # SIGKILL to serve alone, as the OOM killer sends it
@@ -198,7 +205,9 @@ def test_a_ray_head_that_dies_under_serve_is_replaced_and_its_run_fails_naming_r
     heads = []
     try:
         wait_for(serve.dashboard_answers, 90, "the dashboard")
-        wait_for(lambda: sqlite_store.get_run(first.id).step >= 2, 180, "the run to make steps")
+        wait_for(
+            lambda: sqlite_store.get_run(first.id).step >= 2, RUN_STEPS_S, "the run to make steps"
+        )
         old = read_note(database).head
         heads.append(old)
         for process in head_processes(old.temp_dir):

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from engine import metrics as mk
-from engine.rewards import BUILTIN_REWARDS, load_reward_function, score_completion
+from engine.rewards import BUILTIN_REWARDS, load_reward_function, math_boxed, score_completion
 from engine.rewards.math_boxed import boxed_answer, compute_score, is_repetitive
 
 GOLDEN_FILE = Path(__file__).parent / "data" / "math_boxed_golden.jsonl"
@@ -59,7 +59,11 @@ def test_the_golden_table_reaches_every_outcome():
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "full"])
-def test_agrees_with_the_reference_on_every_golden_case(fast):
+def test_agrees_with_the_reference_on_every_golden_case(fast, monkeypatch):
+    """The grading, not the clock: math-verify's 1 s bound (the reference's) is lifted, as
+    on a machine busy with other tests a slow parse of `(3, -1)` ran out of it and graded
+    0 where the reference, unhurried, gave 1."""
+    monkeypatch.setattr(math_boxed, "VERIFY_SECONDS", 60)
     disagreements = []
     for row in GOLDEN:
         score = compute_score(row["completion"], ground_truth=row["ground_truth"], fast=fast)
