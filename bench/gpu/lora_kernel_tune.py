@@ -127,7 +127,8 @@ class Bench:
 
     def baseline(self, op: str, key: tuple[int, ...]) -> dict:
         """What `lora_kernels: deterministic` gives vLLM today for a call of `key`: its
-        default configuration, shrink without split-K (engine/backends/vllm/lora_slots.py)."""
+        default configuration, shrink without split-K
+        (engine/backends/vllm/cuda/lora_configs.py)."""
         loras, slices, m, k, n = key
         width = k if op == "shrink" else n
         config = dict(self._vllm_default(op, loras, m, width, self.rank, slices))
