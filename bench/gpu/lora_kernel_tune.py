@@ -21,7 +21,8 @@ configuration is timed with triton.testing.do_bench (median) on `adapters` adapt
 checked against vLLM's default configuration's. Prints a line per shape (default ms, best
 ms, best configuration) and writes FOLDER/<card>_SHRINK.json, FOLDER/<card>_EXPAND_TRUE.json
 and _FALSE.json (vLLM's layout: max_loras -> slices -> m -> k -> n -> configuration) and
-FOLDER/lora-kernel-tune.json (every shape's default and best times).
+FOLDER/lora-kernel-tune.json (every shape's default and best times), after every shape; the
+same command run again continues where a cut-short run stopped.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ EXPAND_SPACE = {
 }
 """Expand candidates: its K is the rank (at most 16 here), padded to the dot's 16."""
 FIXED = {"num_ctas": 1, "max_nreg": None}
+RESULTS_FILE = "lora-kernel-tune.json"
 
 
 @dataclass(frozen=True)
@@ -225,22 +227,41 @@ def main() -> None:
     import torch
 
     args.out.mkdir(parents=True, exist_ok=True)
+    card = card_file_name(torch.cuda.get_device_name())
     bench = Bench(args.rank, args.adapters)
-    results, tuned = [], {"shrink": {}, "expand": {}}
+    results = earlier_results(args.out)
+    tuned: dict[str, dict] = {"shrink": {}, "expand": {}}
+    for found in results:
+        key = tuple(found["key"])
+        tuned[found["op"]][key] = found["config"] or bench.baseline(found["op"], key)
+    done = {(r["model"], r["op"], r["shape"], r["key"][2]) for r in results}
     for model in args.models:
         for shape, tokens in itertools.product(lora_shapes(model), args.tokens):
             for op, space in (("shrink", SHRINK_SPACE), ("expand", EXPAND_SPACE)):
+                if (model, op, shape.name, tokens) in done:
+                    continue
                 found = tune(bench, op, shape, tokens, space, print_now)
                 results.append({"model": model, "op": op, "shape": shape.name, **found})
                 key = tuple(found["key"])
                 tuned[op][key] = found["config"] or bench.baseline(op, key)
-    card = card_file_name(torch.cuda.get_device_name())
-    (args.out / f"{card}_SHRINK.json").write_text(json.dumps(nest(tuned["shrink"]), indent=1))
-    for add in ("TRUE", "FALSE"):
-        expand = json.dumps(nest(tuned["expand"]), indent=1)
-        (args.out / f"{card}_EXPAND_{add}.json").write_text(expand)
-    (args.out / "lora-kernel-tune.json").write_text(json.dumps(results, indent=1))
+            write(args.out, card, tuned, results)  # a run cut short keeps what it tuned
     print(f"wrote {card}_SHRINK.json, {card}_EXPAND_TRUE.json, _FALSE.json in {args.out}")
+
+
+def earlier_results(out: Path) -> list[dict]:
+    """What an earlier run into `out` tuned (a run cut short by a machine's time limit is
+    continued by the same command, not begun again)."""
+    path = out / RESULTS_FILE
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+def write(out: Path, card: str, tuned: dict[str, dict], results: list[dict]) -> None:
+    """The configuration files as vLLM reads them, and every shape's times."""
+    (out / f"{card}_SHRINK.json").write_text(json.dumps(nest(tuned["shrink"]), indent=1))
+    expand = json.dumps(nest(tuned["expand"]), indent=1)
+    for add in ("TRUE", "FALSE"):
+        (out / f"{card}_EXPAND_{add}.json").write_text(expand)
+    (out / RESULTS_FILE).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -45,3 +45,15 @@ def test_configurations_nest_as_vllm_reads_them():
     nested = tune.nest({(33, 3, 256, 2048, 4): a, (33, 3, 64, 2048, 4): b})
     assert nested == {"33": {"3": {"64": {"2048": {"4": b}}, "256": {"2048": {"4": a}}}}}
     assert tune.card_file_name("NVIDIA H100 80GB HBM3") == "NVIDIA_H100_80GB_HBM3"
+
+
+def test_a_second_run_into_the_same_folder_continues_from_what_the_first_wrote(tmp_path):
+    assert tune.earlier_results(tmp_path) == []
+    found = {"model": "m", "op": "shrink", "shape": "o_proj", "key": [33, 1, 64, 2048, 4]}
+    found |= {"default_ms": 0.05, "best_ms": 0.01, "config": {"block_m": 16}}
+    tuned = {"shrink": {(33, 1, 64, 2048, 4): {"block_m": 16}}, "expand": {}}
+    tune.write(tmp_path, "NVIDIA_H200", tuned, [found])
+    assert tune.earlier_results(tmp_path) == [found]
+    shrink = json.loads((tmp_path / "NVIDIA_H200_SHRINK.json").read_text())
+    assert shrink["33"]["1"]["64"]["2048"]["4"] == {"block_m": 16}
+    assert (tmp_path / "NVIDIA_H200_EXPAND_TRUE.json").is_file()
