@@ -236,6 +236,7 @@ def main() -> None:
         tuned[found["op"]][key] = found["config"] or bench.baseline(found["op"], key)
     done = {(r["model"], r["op"], r["shape"], r["key"][2]) for r in results}
     for model in args.models:
+        print_now(f"{model}: rank {args.rank}, {args.adapters} adapters")
         for shape, tokens in itertools.product(lora_shapes(model), args.tokens):
             for op, space in (("shrink", SHRINK_SPACE), ("expand", EXPAND_SPACE)):
                 if (model, op, shape.name, tokens) in done:

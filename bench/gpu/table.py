@@ -78,6 +78,8 @@ def mode(results: dict, row: dict) -> str:
         text = f"full, {engines} engines/GPU"
     if (tp := results.get("tensor_parallel_size", 1)) > 1:
         text += f", TP {tp}"
+    if threads := row.get("engine_threads"):
+        text += f", {threads} threads each"
     return text + (" + MPS" if results.get("mps") and per_gpu > 1 else "")
 
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from engine import metrics as mk
 from engine.backends.arrangement import card_here, choose, engine_memory, vllm_takes_kv_cache_size
-from engine.backends.pool import EnginePool
+from engine.backends.pool import EnginePool, gpu_engine_threads
 from engine.config import RunConfig
 from engine.config.schema import AUTO
 from engine.data.datasets import load_dataset
@@ -203,6 +203,11 @@ def full_rank_pool(
     )
 
 
+def actor_threads(num_engines: int) -> int:
+    """The OpenMP threads each engine in a Ray actor was given (engine/backends/pool.py)."""
+    return int(gpu_engine_threads(num_engines)["OMP_NUM_THREADS"])
+
+
 def auto_pool(args: argparse.Namespace, common: dict) -> EnginePool:
     """The engines `num_engines: auto` starts for a run of this row's settings on this
     machine's first card (engine/backends/arrangement.py), in Ray actors as in a Ray job,
@@ -333,6 +338,7 @@ def main() -> None:
                 "gpus": pool.num_engines * tp // per_gpu,
                 "places": pool.devices(),
                 "in_actors": not local,
+                **({} if local else {"engine_threads": actor_threads(pool.num_engines)}),
                 "perturbation": "full",
                 "start_s": started,
                 **es_iteration(pool, es_config(args, lora=False)),

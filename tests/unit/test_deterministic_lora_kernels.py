@@ -147,3 +147,37 @@ def test_a_tuned_shrink_that_splits_k_is_refused_naming_its_file(tmp_path):
     ):
         deterministic_lora_configs(tmp_path / "ours", H100, tuned)
     assert not (tmp_path / "ours" / "NVIDIA_H100_80GB_HBM3_EXPAND_TRUE.json").exists()
+
+
+def test_the_shipped_h200_files_never_split_k_and_are_what_vllm_reads(monkeypatch, tmp_path):
+    """engine/backends/vllm/cuda/tuned_lora holds what the tuner found on an H200 for the
+    1.07B and 135M models (rank 4, 32 adapters): vLLM reads each shape's tuned blocks."""
+    from vllm import envs
+    from vllm.lora.ops.triton_ops import utils
+
+    h200 = "NVIDIA H200"
+    folder = deterministic_lora_configs(tmp_path / "ours", h200)
+    assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == [
+        "NVIDIA_H200_EXPAND_FALSE.json",
+        "NVIDIA_H200_EXPAND_TRUE.json",
+        "NVIDIA_H200_SHRINK.json",
+    ]
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", folder)
+    monkeypatch.setattr(utils.torch.cuda, "get_device_name", lambda *_: h200)
+    if hasattr(envs, "disable_envs_cache"):
+        envs.disable_envs_cache()
+    utils.load_lora_op_config.cache_clear()
+    utils.get_lora_op_configs.cache_clear()
+    try:
+        # the 1.07B model's MLP down projection in a decode step of 32 members x 8 prompts
+        shape = {"max_loras": 33, "batch": 256, "rank": 4, "num_slices": 1}
+        shrink = utils.get_lora_op_configs(op_type="shrink", hidden_size=8192, **shape)
+        expand = utils.get_lora_op_configs(
+            op_type="expand", add_inputs=True, hidden_size=2048, **shape
+        )
+    finally:
+        utils.load_lora_op_config.cache_clear()
+        utils.get_lora_op_configs.cache_clear()
+    assert shrink["split_k"] == 1
+    assert shrink["block_k"] == 512  # vLLM's default walks K in steps of 32 at this size
+    assert expand["block_n"] == 128

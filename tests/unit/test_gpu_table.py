@@ -206,3 +206,9 @@ def test_utilization_is_per_card_where_a_row_ran_on_several_gpus():
     rows = [{**NEW["rows"][2], "gpus": 2}]  # 8,000 tokens/s over two cards of 20,000 each
     (spread,) = cells(table.render({**NEW, "rows": rows}, "results/x.json"))
     assert spread[-3:] == ["8,000", "0.20", "8.0"]
+
+
+def test_engines_given_a_thread_count_say_it_in_their_mode():
+    rows = [{**NEW["rows"][2], "engine_threads": 4}]
+    (row,) = cells(table.render({**NEW, "rows": rows}, "results/x.json"))
+    assert row[3].endswith(", 4 threads each")
