@@ -17,25 +17,34 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 
 @pytest.fixture
-def vllm_reads(monkeypatch, tmp_path):
-    """vLLM's get_lora_op_configs on an 'H100' with our folder, its caches cleared."""
+def reader(monkeypatch):
+    """reader(folder, card): vLLM's get_lora_op_configs as it reads `folder` on `card`, its
+    caches cleared before each call and afterwards."""
     from vllm import envs
     from vllm.lora.ops.triton_ops import utils
 
-    folder = deterministic_lora_configs(tmp_path / "kernels", H100)
-    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", folder)
-    monkeypatch.setattr(utils.torch.cuda, "get_device_name", lambda *_: H100)
-    if hasattr(envs, "disable_envs_cache"):
-        envs.disable_envs_cache()
+    def point(folder: str, card: str):
+        monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", folder)
+        monkeypatch.setattr(utils.torch.cuda, "get_device_name", lambda *_: card)
+        if hasattr(envs, "disable_envs_cache"):
+            envs.disable_envs_cache()
 
-    def configs(**kwargs):
-        utils.load_lora_op_config.cache_clear()
-        utils.get_lora_op_configs.cache_clear()
-        return utils.get_lora_op_configs(**kwargs)
+        def configs(**kwargs):
+            utils.load_lora_op_config.cache_clear()
+            utils.get_lora_op_configs.cache_clear()
+            return utils.get_lora_op_configs(**kwargs)
 
-    yield configs
+        return configs
+
+    yield point
     utils.load_lora_op_config.cache_clear()
     utils.get_lora_op_configs.cache_clear()
+
+
+@pytest.fixture
+def vllm_reads(reader, tmp_path):
+    """vLLM's get_lora_op_configs on an 'H100' with our folder."""
+    return reader(deterministic_lora_configs(tmp_path / "kernels", H100), H100)
 
 
 def test_the_file_is_named_as_vllm_looks_for_it(tmp_path):
@@ -118,24 +127,12 @@ def tuned_files(folder, shrink_split_k: int = 1):
     return folder
 
 
-def test_tuned_configurations_for_the_card_are_what_vllm_reads(monkeypatch, tmp_path):
-    from vllm import envs
-    from vllm.lora.ops.triton_ops import utils
-
+def test_tuned_configurations_for_the_card_are_what_vllm_reads(reader, tmp_path):
     folder = deterministic_lora_configs(tmp_path / "ours", H100, tuned_files(tmp_path / "t"))
-    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", folder)
-    monkeypatch.setattr(utils.torch.cuda, "get_device_name", lambda *_: H100)
-    if hasattr(envs, "disable_envs_cache"):
-        envs.disable_envs_cache()
-    utils.load_lora_op_config.cache_clear()
-    utils.get_lora_op_configs.cache_clear()
-    try:
-        shape = {"max_loras": 33, "batch": 256, "hidden_size": 576, "rank": 8, "num_slices": 3}
-        shrink = utils.get_lora_op_configs(op_type="shrink", **shape)
-        expand = utils.get_lora_op_configs(op_type="expand", add_inputs=True, **shape)
-    finally:
-        utils.load_lora_op_config.cache_clear()
-        utils.get_lora_op_configs.cache_clear()
+    configs = reader(folder, H100)
+    shape = {"max_loras": 33, "batch": 256, "hidden_size": 576, "rank": 8, "num_slices": 3}
+    shrink = configs(op_type="shrink", **shape)
+    expand = configs(op_type="expand", add_inputs=True, **shape)
     assert (shrink["block_k"], shrink["split_k"]) == (512, 1)
     assert (expand["block_m"], expand["block_n"]) == (16, 256)
 
@@ -149,35 +146,20 @@ def test_a_tuned_shrink_that_splits_k_is_refused_naming_its_file(tmp_path):
     assert not (tmp_path / "ours" / "NVIDIA_H100_80GB_HBM3_EXPAND_TRUE.json").exists()
 
 
-def test_the_shipped_h200_files_never_split_k_and_are_what_vllm_reads(monkeypatch, tmp_path):
+def test_the_shipped_h200_files_never_split_k_and_are_what_vllm_reads(reader, tmp_path):
     """engine/backends/vllm/cuda/tuned_lora holds what the tuner found on an H200 for the
     1.07B and 135M models (rank 4, 32 adapters): vLLM reads each shape's tuned blocks."""
-    from vllm import envs
-    from vllm.lora.ops.triton_ops import utils
-
     h200 = "NVIDIA H200"
-    folder = deterministic_lora_configs(tmp_path / "ours", h200)
+    configs = reader(deterministic_lora_configs(tmp_path / "ours", h200), h200)
     assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == [
         "NVIDIA_H200_EXPAND_FALSE.json",
         "NVIDIA_H200_EXPAND_TRUE.json",
         "NVIDIA_H200_SHRINK.json",
     ]
-    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", folder)
-    monkeypatch.setattr(utils.torch.cuda, "get_device_name", lambda *_: h200)
-    if hasattr(envs, "disable_envs_cache"):
-        envs.disable_envs_cache()
-    utils.load_lora_op_config.cache_clear()
-    utils.get_lora_op_configs.cache_clear()
-    try:
-        # the 1.07B model's MLP down projection in a decode step of 32 members x 8 prompts
-        shape = {"max_loras": 33, "batch": 256, "rank": 4, "num_slices": 1}
-        shrink = utils.get_lora_op_configs(op_type="shrink", hidden_size=8192, **shape)
-        expand = utils.get_lora_op_configs(
-            op_type="expand", add_inputs=True, hidden_size=2048, **shape
-        )
-    finally:
-        utils.load_lora_op_config.cache_clear()
-        utils.get_lora_op_configs.cache_clear()
+    # the 1.07B model's MLP down projection in a decode step of 32 members x 8 prompts
+    shape = {"max_loras": 33, "batch": 256, "rank": 4, "num_slices": 1}
+    shrink = configs(op_type="shrink", hidden_size=8192, **shape)
+    expand = configs(op_type="expand", add_inputs=True, hidden_size=2048, **shape)
     assert shrink["split_k"] == 1
     assert shrink["block_k"] == 512  # vLLM's default walks K in steps of 32 at this size
     assert expand["block_n"] == 128
