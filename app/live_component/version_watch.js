@@ -1,0 +1,77 @@
+// Asks the dashboard's live route (app/live_route.py) for the version of what this page
+// shows, every data.every_ms, and asks Streamlit to rerun this component's fragment (a
+// trigger) once the answer differs from the version the fragment was drawn with. Streamlit
+// calls this function again, with the new version, when the fragment redraws it; the
+// function it returned stops the previous round. The module is loaded once per page, so the
+// components of one page that watch the same address share one request a round.
+
+const answers = new Map(); // address -> {at: ms, answer: Promise of the route's JSON}
+let triggers = Promise.resolve();
+
+function askRoute(url, ticket, everyMs) {
+  const kept = answers.get(url);
+  if (kept && Date.now() - kept.at < everyMs / 2) {
+    return kept.answer;
+  }
+  const answer = fetch(url, {
+    headers: { Authorization: `Bearer ${ticket}` },
+    cache: "no-store",
+    credentials: "same-origin",
+  })
+    .then((response) => {
+      if (response.status === 401) {
+        return { expired: true }; // the fragment's rerun mints a new ticket
+      }
+      return response.ok ? response.json() : null;
+    })
+    .catch(() => null); // the dashboard is restarting: ask again next round
+  answers.set(url, { at: Date.now(), answer });
+  return answer;
+}
+
+// Streamlit sends the widget changes of one task as one rerun, of one fragment only: two
+// watches that saw the same answer would rerun one of their fragments. Each trigger therefore
+// gets a task of its own, after the previous one's rerun request went out.
+function triggerAlone(trigger) {
+  triggers = triggers.then(
+    () =>
+      new Promise((done) => {
+        setTimeout(() => {
+          trigger();
+          done();
+        }, 0);
+      }),
+  );
+}
+
+function differs(answer, data) {
+  if (answer.expired) {
+    return "expired";
+  }
+  const watched = data.tick === null ? answer.state : `${answer.state}@${answer.tick}`;
+  const drawn = data.tick === null ? data.state : `${data.state}@${data.tick}`;
+  return watched === drawn ? null : watched;
+}
+
+export default function ({ data, setTriggerValue }) {
+  let timer;
+  let stopped = false;
+  let asked = null; // the version a rerun was asked for: asked once, in case it is slow
+  const poll = async () => {
+    const answer = await askRoute(data.url, data.ticket, data.every_ms);
+    if (stopped) {
+      return;
+    }
+    const changed = answer && differs(answer, data);
+    if (changed && changed !== asked) {
+      asked = changed;
+      triggerAlone(() => setTriggerValue("changed", changed));
+    }
+    timer = setTimeout(poll, data.every_ms);
+  };
+  timer = setTimeout(poll, data.every_ms);
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+  };
+}
