@@ -1,11 +1,14 @@
 // Asks the dashboard's live route (app/live_route.py) for the version of what this page
 // shows, every data.every_ms, and asks Streamlit to rerun this component's fragment (a
 // trigger) once the answer differs from the version the fragment was drawn with. Streamlit
-// calls this function again, with the new version, when the fragment redraws it; the
-// function it returned stops the previous round. The module is loaded once per page, so the
-// components of one page that watch the same address share one request a round.
+// calls this function again, with the new version, each time the fragment redraws it, but
+// calls the function it returned only when the component leaves the page: so each call
+// stops the loop of the previous one, else every redraw would leave one more loop asking
+// for reruns with an old version. The module is loaded once per page, so the components of
+// one page that watch the same address share one request a round.
 
 const answers = new Map(); // address -> {at: ms, answer: Promise of the route's JSON}
+const loops = new Map(); // component instance key -> the function that stops its loop
 let triggers = Promise.resolve();
 
 function askRoute(url, ticket, everyMs) {
@@ -53,7 +56,8 @@ function differs(answer, data) {
   return watched === drawn ? null : watched;
 }
 
-export default function ({ data, setTriggerValue }) {
+export default function ({ data, key, setTriggerValue }) {
+  loops.get(key)?.();
   let timer;
   let stopped = false;
   let asked = null; // the version a rerun was asked for: asked once, in case it is slow
@@ -70,8 +74,13 @@ export default function ({ data, setTriggerValue }) {
     timer = setTimeout(poll, data.every_ms);
   };
   timer = setTimeout(poll, data.every_ms);
-  return () => {
+  const stop = () => {
     stopped = true;
     clearTimeout(timer);
+    if (loops.get(key) === stop) {
+      loops.delete(key);
+    }
   };
+  loops.set(key, stop);
+  return stop;
 }
