@@ -13,6 +13,7 @@ browsers' rendering."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
@@ -34,6 +35,10 @@ TRIGGER_ID = "$$STREAMLIT_INTERNAL_KEY_{component}__events"
 """The widget whose value carries a component's trigger events, as Streamlit's frontend names
 it (streamlit.components.v2.bidi_component.main._make_trigger_id)."""
 UNAUTHORIZED = 401
+REDRAW_WAIT_S = 5.0
+"""How long a trigger waits for the fragment of the one before it to be redrawn, as
+version_watch.js's REDRAW_WAIT_MS: a fragment rerun asked for while another runs may leave
+that one undrawn."""
 
 
 def shown_steps(msg: ForwardMsg) -> list[int]:
@@ -154,6 +159,7 @@ class Viewer:
         self.timers: dict[str, asyncio.Task] = {}
         self.watches: dict[str, Watch] = {}  # by component id
         self.runs = 0  # script runs begun (full or fragment), to drop watches no longer drawn
+        self.finished = asyncio.Event()  # set when a script run finishes
         self.messages = 0
         self.errors = 0
 
@@ -208,9 +214,11 @@ class Viewer:
         if kind == "new_session":
             self.page_hash = msg.new_session.page_script_hash
             self.runs += 1
-        elif kind == "script_finished" and msg.script_finished == ForwardMsg.FINISHED_SUCCESSFULLY:
-            # a whole page drawn: the watches it did not draw are gone from it
-            self.watches = {k: w for k, w in self.watches.items() if w.run == self.runs}
+        elif kind == "script_finished":
+            self.finished.set()
+            if msg.script_finished == ForwardMsg.FINISHED_SUCCESSFULLY:
+                # a whole page drawn: the watches it did not draw are gone from it
+                self.watches = {k: w for k, w in self.watches.items() if w.run == self.runs}
         elif kind == "auto_rerun" and ws is not None:
             fragment = msg.auto_rerun.fragment_id
             if fragment in self.timers:
@@ -239,7 +247,8 @@ class Viewer:
 
     async def _watch_versions(self, ws, http) -> None:
         """The page's version watches: one request a round per address (the script shares
-        it among a page's watches), a trigger per watch whose version changed."""
+        it among a page's watches), a trigger per watch whose version changed, each after
+        the run of the one before it finished (or REDRAW_WAIT_S)."""
         while True:
             every = min((w.every_s for w in self.watches.values()), default=1.0)
             await asyncio.sleep(every)
@@ -254,7 +263,10 @@ class Viewer:
                     request = rerun_request(
                         self.page, self.query, self.page_hash, watch.fragment, self.cache, trigger
                     )
+                    self.finished.clear()
                     await ws.send(request)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.finished.wait(), REDRAW_WAIT_S)
 
     async def _ask(self, http, watch: Watch) -> dict | None:
         """The route's answer to `watch`'s script: its JSON, `expired` on a 401, None when

@@ -9,7 +9,9 @@
 
 const answers = new Map(); // address -> {at: ms, answer: Promise of the route's JSON}
 const loops = new Map(); // component instance key -> the function that stops its loop
+const redraws = new Map(); // component instance key -> the end of the wait for its redraw
 let triggers = Promise.resolve();
+const REDRAW_WAIT_MS = 5000;
 
 function askRoute(url, ticket, everyMs) {
   const kept = answers.get(url);
@@ -32,17 +34,23 @@ function askRoute(url, ticket, everyMs) {
   return answer;
 }
 
-// Streamlit sends the widget changes of one task as one rerun, of one fragment only: two
-// watches that saw the same answer would rerun one of their fragments. Each trigger therefore
-// gets a task of its own, after the previous one's rerun request went out.
-function triggerAlone(trigger) {
+// Streamlit sends the widget changes of one task as one rerun, of one fragment only, and a
+// fragment's rerun asked for while another fragment's runs may leave the first undrawn: two
+// watches that saw the same change would redraw one of their fragments. So a trigger waits
+// until the fragment of the one before it was redrawn (this function called again for its
+// watch), or REDRAW_WAIT_MS.
+function triggerAfterRedraws(key, trigger) {
   triggers = triggers.then(
     () =>
       new Promise((done) => {
-        setTimeout(() => {
-          trigger();
+        const release = () => {
+          clearTimeout(timeout);
+          redraws.delete(key);
           done();
-        }, 0);
+        };
+        const timeout = setTimeout(release, REDRAW_WAIT_MS);
+        redraws.set(key, release);
+        trigger();
       }),
   );
 }
@@ -57,6 +65,7 @@ function differs(answer, data) {
 }
 
 export default function ({ data, key, setTriggerValue }) {
+  redraws.get(key)?.();
   loops.get(key)?.();
   let timer;
   let stopped = false;
@@ -69,7 +78,7 @@ export default function ({ data, key, setTriggerValue }) {
     const changed = answer && differs(answer, data);
     if (changed && changed !== asked) {
       asked = changed;
-      triggerAlone(() => setTriggerValue("changed", changed));
+      triggerAfterRedraws(key, () => setTriggerValue("changed", changed));
     }
     timer = setTimeout(poll, data.every_ms);
   };
