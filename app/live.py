@@ -1,24 +1,26 @@
 """What the live pages (Run, Runs, Sweep, Sweeps) read, read once for all their viewers, and
 the versions that tell a viewer's page when to read it again.
 
-A live run's page and the Runs page redraw only when what they show changed: each carries a
+A live page redraws only when what it shows changed: each of its live fragments carries a
 component (app/version_watch.py) that asks the dashboard's route (app/live_route.py) every
-second or so for the Version of what it shows, and reruns its fragment when that differs
-from the one it was drawn with. A version is a few numbers per run (status, step, events
-written, whether the worker is silent: RunSign) plus, for a run's status, a clock that moves
-every TICK_SECONDS so that its elapsed time moves too; the route's read of them is shared by
-every viewer for FRESH_SECONDS. On timers instead, twenty viewers reran twenty fragments a
-second between steps twenty-five seconds apart, on the cores the run trains on
+POLL_SECONDS for the Version of what the page shows, and reruns the fragment when that
+differs from the one it was drawn with. A version is a few numbers per run shown (status,
+step, events written, whether the worker is silent: RunSign), with what else the page lists
+(how many runs; a sweep's status), plus, for a run's status, a clock that moves every
+TICK_SECONDS so that its elapsed time moves too; the route's read of them is shared by every
+viewer for FRESH_SECONDS. On timers instead, twenty viewers reran twenty fragments a second
+between steps twenty-five seconds apart, on the cores the run trains on
 (bench/dashboard_load.py measured it).
 
 Were each rerun to read the database and encode its charts itself, twenty viewers of one run
 would make the dashboard read the same rows and build the same Vega-Lite specs twenty times
-over. Here a run's state and the Runs page's rows are read at most once per FRESH_SECONDS
-(and version) for everyone (Streamlit computes a missing entry once while other sessions
-wait for it), a run's charts are built once per recorded step, as Vega-Lite specs that each
-viewer only sends, and a sweep's table and chart (or the Sweeps page's table) once per
-SWEEP_FRESH_SECONDS. An action that changes a run (cancel, resume, delete) calls `forget`,
-one that changes a sweep `forget_sweep`, so that its own page shows the change at once.
+over. Here a run's state is read at most once per FRESH_SECONDS for everyone (Streamlit
+computes a missing entry once while other sessions wait for it), a run's charts are built
+once per recorded step, as Vega-Lite specs that each viewer only sends, and the Runs page's
+rows, a sweep's table and chart and the Sweeps page's table once per version of the page:
+read after it, so that they are at least as new as the version a viewer is drawn with. An
+action that changes a run (cancel, resume, delete) calls `forget`, one that changes a sweep
+`forget_sweep`, so that its own page shows the change at once.
 
 Everything here is shared between sessions: callers must not change what they are given."""
 
@@ -42,6 +44,7 @@ from jobs.liveness import silent_seconds
 from jobs.phases import phase_of, status_text
 from jobs.scheduler import SchedulerSettings
 from jobs.store.records import EventRecord, RunRecord, RunSign, SweepRecord
+from jobs.store.status import SweepStatus
 from jobs.sweeps.driver import sweep_table
 from jobs.sweeps.spec import SweepSpec
 
@@ -56,11 +59,9 @@ TICK_SECONDS = 10.0
 CHART_ENTRIES = 64
 """Runs' chart sets kept (one per run, x-axis and smoothing shown): each is a few hundred
 KB, so memory stays bounded however long the dashboard runs."""
-SWEEP_SECONDS = 5.0
-"""How often the live sweep pages (Sweep, Sweeps) rerun."""
 SWEEP_FRESH_SECONDS = 2.5
-"""How old a shared read of a sweep may be: a sweep's table is a query per run, and its
-chart is built from it, so at most one viewer in each such interval pays for them."""
+"""How long a shared read of a sweep is kept: a sweep's table is a query per run, and its
+chart is built from it, so it is read once per version of the sweep for all viewers."""
 HEARTBEAT_TIMEOUT = SchedulerSettings.from_env().heartbeat_timeout_seconds
 
 
@@ -229,8 +230,29 @@ class SweepState:
     chart: dict | None
 
 
+@st.cache_resource(ttl=FRESH_SECONDS, max_entries=256, show_spinner=False)
+def sweep_version(sweep_id: int) -> Version:
+    """The version of a sweep's live page: its status and its runs."""
+    store = get_store()
+    status = store.get_sweep(sweep_id).status.value
+    signs = store.run_signs(sweep_ids=[sweep_id])
+    return version_of(signs.runs, signs.now, status)
+
+
+@st.cache_resource(ttl=FRESH_SECONDS, max_entries=16, show_spinner=False)
+def sweeps_version(limit: int) -> Version:
+    """The version of the Sweeps page of the newest `limit` sweeps: their statuses and the
+    runs of those still active."""
+    store = get_store()
+    sweeps = store.list_sweeps(limit=limit)
+    active = [s.id for s in sweeps if s.status is SweepStatus.ACTIVE]
+    signs = store.run_signs(sweep_ids=active)
+    return version_of(signs.runs, signs.now, ",".join(f"{s.id}:{s.status.value}" for s in sweeps))
+
+
 @st.cache_resource(ttl=SWEEP_FRESH_SECONDS, max_entries=256, show_spinner=False)
-def sweep_state(sweep_id: int) -> SweepState:
+def sweep_state(sweep_id: int, version: Version) -> SweepState:
+    """Sweep `sweep_id` as its page shows it, read after `version` was (see runs_listing)."""
     store = get_store()
     sweep = store.get_sweep(sweep_id)
     table = sweep_table(store, sweep_id)
@@ -239,8 +261,9 @@ def sweep_state(sweep_id: int) -> SweepState:
 
 
 @st.cache_resource(ttl=SWEEP_FRESH_SECONDS, max_entries=16, show_spinner=False)
-def sweeps_listing(limit: int) -> tuple[tuple[SweepRecord, ...], pa.Table]:
-    """The newest `limit` sweeps and the Sweeps page's table of them."""
+def sweeps_listing(limit: int, version: Version) -> tuple[tuple[SweepRecord, ...], pa.Table]:
+    """The newest `limit` sweeps and the Sweeps page's table of them, read after `version`
+    was (see runs_listing)."""
     store = get_store()
     sweeps = tuple(store.list_sweeps(limit=limit))
     rows = pd.DataFrame([sweep_view.listing_row(s, sweep_table(store, s.id)) for s in sweeps])
@@ -258,5 +281,7 @@ def forget(run_ids: list[int]) -> None:
 
 def forget_sweep(sweep_id: int) -> None:
     """Drops what is kept of this sweep and of the Sweeps page, after an action changed it."""
-    sweep_state.clear(sweep_id)
+    sweep_version.clear(sweep_id)
+    sweep_state.clear()
+    sweeps_version.clear()
     sweeps_listing.clear()

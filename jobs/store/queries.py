@@ -304,15 +304,21 @@ class RunQueries(StoreBase):
                 for e in rows
             ]
 
-    def run_signs(self, run_ids: Sequence[int] | None = None) -> RunSigns:
-        """The signs of runs `run_ids` (None: of every run not yet ended), with the count of
-        all runs, the newest id and the database's time. Live pages ask for it every second
-        or so to learn whether they changed, so it is two indexed queries, no rows kept."""
+    def run_signs(
+        self, run_ids: Sequence[int] | None = None, sweep_ids: Sequence[int] | None = None
+    ) -> RunSigns:
+        """The signs of runs `run_ids`, or of the runs of sweeps `sweep_ids`, or (neither)
+        of every run not yet ended, with the count of all runs, the newest id and the
+        database's time. Live pages ask for it every second or so to learn whether they
+        changed, so it is two indexed queries, no rows kept."""
         r, e = models.Run, models.Event
         events = select(func.count()).where(e.run_id == r.id).correlate(r).scalar_subquery()
-        which = (
-            r.status.not_in([s.value for s in TERMINAL]) if run_ids is None else r.id.in_(run_ids)
-        )
+        if run_ids is not None:
+            which = r.id.in_(run_ids)
+        elif sweep_ids is not None:
+            which = r.sweep_id.in_(sweep_ids)
+        else:
+            which = r.status.not_in([s.value for s in TERMINAL])
         with self._session() as s:
             count, newest, now = s.execute(
                 select(func.count(), func.max(r.id), database_now()).select_from(r)

@@ -1,9 +1,10 @@
 """The live pages' route (app/live_route.py): the version of a run's page changes when a
 step or an event is recorded, its status changes or its worker falls silent, and equals the
 version the page draws from the same state (else every viewer would redraw for nothing, or
-miss a change); the Runs page's changes when a run is added; one database read answers every
-viewer for live.FRESH_SECONDS; and nothing is answered without a live ticket bound to the
-page, a viewer's included, expired or forged ones refused with 401."""
+miss a change); the Runs page's changes when a run is added, a sweep's and the Sweeps page's
+when one of the sweep's runs records a step or the sweep ends; one database read answers
+every viewer for live.FRESH_SECONDS; and nothing is answered without a live ticket bound to
+the page, a viewer's included, expired or forged ones refused with 401."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from starlette.testclient import TestClient
 from app import auth, live, live_route, tickets
 from engine import metrics as mk
 from engine.sink import StepReport
-from jobs.store.status import RunStatus
+from jobs.store.status import RunStatus, SweepStatus
 from jobs.store.store import Store
-from tests.app.conftest import clear_streamlit_caches
+from tests.app.conftest import clear_streamlit_caches, make_config
+from tests.app.sample_runs import add_sweep
 from tests.app.test_upload_route import ticket_of
 
 
@@ -76,18 +78,41 @@ def test_the_route_answers_the_version_the_page_draws(client, store):
     assert run_version(client) == {"state": drawn.state, "tick": drawn.tick}
 
 
-def test_the_runs_pages_version_changes_when_a_run_is_added(client, store):
-    def runs_version() -> dict:
-        clear_streamlit_caches()
-        ticket = ticket_of("ed", tickets.LIVE, live_route.RUNS_SUBJECT)
-        reply = client.get(live_route.RUNS_PATH, headers={"Authorization": f"Bearer {ticket}"})
-        assert reply.status_code == 200, reply.text
-        return reply.json()
+def version_at(client: TestClient, path: str, subject: str) -> dict:
+    """The version at `path` as an editor's page bound to `subject` asks for it, afresh."""
+    clear_streamlit_caches()
+    ticket = ticket_of("ed", tickets.LIVE, subject)
+    reply = client.get(path, headers={"Authorization": f"Bearer {ticket}"})
+    assert reply.status_code == 200, reply.text
+    return reply.json()
 
-    first = runs_version()
+
+def test_the_runs_pages_version_changes_when_a_run_is_added(client, store):
+    first = version_at(client, live_route.RUNS_PATH, live_route.RUNS_SUBJECT)
     run = store.get_run(1)
     store.create_run(name="new-run", method="es", config=run.config, total_steps=5)
-    assert runs_version()["state"] != first["state"]
+    assert version_at(client, live_route.RUNS_PATH, live_route.RUNS_SUBJECT) != first
+
+
+def test_a_sweeps_versions_change_with_its_runs_and_its_end(client, store, dataset, tmp_path):
+    sweep = add_sweep(store, make_config(dataset, tmp_path / "sweep-out"))
+    pages = {
+        "sweep": (live_route.sweep_path(sweep.id), live_route.sweep_subject(sweep.id)),
+        "sweeps": (live_route.SWEEPS_PATH, live_route.SWEEPS_SUBJECT),
+    }
+    first = {name: version_at(client, *page)["state"] for name, page in pages.items()}
+    [running] = [
+        r for r in store.search_runs()[0] if r.sweep_id == sweep.id and r.status.value == "running"
+    ]
+    store.record_step(running.id, StepReport(step=2, metrics={mk.reward_key(mk.TRAIN): 1.0}))
+    stepped = {name: version_at(client, *page)["state"] for name, page in pages.items()}
+    assert all(stepped[name] != first[name] for name in pages), (first, stepped)
+    store.set_sweep_status(sweep.id, SweepStatus.CANCELLED, expected=[SweepStatus.ACTIVE])
+    ended = {name: version_at(client, *page)["state"] for name, page in pages.items()}
+    assert all(ended[name] != stepped[name] for name in pages), (stepped, ended)
+    other = ticket_of("ed", tickets.LIVE, live_route.sweep_subject(sweep.id + 1))
+    reply = client.get(pages["sweep"][0], headers={"Authorization": f"Bearer {other}"})
+    assert reply.status_code == 401
 
 
 def test_one_database_read_answers_every_viewer_while_fresh(client, monkeypatch):
