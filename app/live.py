@@ -1,14 +1,24 @@
-"""What the live pages (Run, Runs, Sweep, Sweeps) read on their timers, read once for all
-their viewers.
+"""What the live pages (Run, Runs, Sweep, Sweeps) read, read once for all their viewers, and
+the versions that tell a viewer's page when to read it again.
 
-Each viewer of a live page reruns its status every LIVE_SECONDS and a run's charts every
-CHART_SECONDS. Were each rerun to read the database and encode its charts itself, twenty
-viewers of one run would make the dashboard read the same rows and build the same Vega-Lite
-specs twenty times over, on the cores the run trains on (bench/dashboard_load.py measured
-it). Here a run's state and the Runs page's rows are read at most once per FRESH_SECONDS for
-everyone (Streamlit computes a missing entry once while other sessions wait for it), a run's
-charts are built once per recorded step, as Vega-Lite specs that each viewer only sends, and
-a sweep's table and chart (or the Sweeps page's table) once per SWEEP_FRESH_SECONDS. An
+A live page redraws only when what it shows changed: each of its live fragments carries a
+component (app/version_watch.py) that asks the dashboard's route (app/live_route.py) every
+POLL_SECONDS for the Version of what the page shows, and reruns the fragment when that
+differs from the one it was drawn with. A version is a few numbers per run shown (status,
+step, events written, whether the worker is silent: RunSign), with what else the page lists
+(how many runs; a sweep's status), plus, for a run's status, a clock that moves every
+TICK_SECONDS so that its elapsed time moves too; the route's read of them is shared by every
+viewer for FRESH_SECONDS. On timers instead, twenty viewers reran twenty fragments a second
+between steps twenty-five seconds apart, on the cores the run trains on
+(bench/dashboard_load.py measured it).
+
+Were each rerun to read the database and encode its charts itself, twenty viewers of one run
+would make the dashboard read the same rows and build the same Vega-Lite specs twenty times
+over. Here a run's state is read at most once per FRESH_SECONDS for everyone (Streamlit
+computes a missing entry once while other sessions wait for it), a run's charts are built
+once per recorded step, as Vega-Lite specs that each viewer only sends, and the Runs page's
+rows, a sweep's table and chart and the Sweeps page's table once per version of the page:
+read after it, so that they are at least as new as the version a viewer is drawn with. An
 action that changes a run (cancel, resume, delete) calls `forget`, one that changes a sweep
 `forget_sweep`, so that its own page shows the change at once.
 
@@ -16,6 +26,8 @@ Everything here is shared between sessions: callers must not change what they ar
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -28,30 +40,54 @@ from app import run_charts, sweep_view
 from app.state import get_store
 from app.views import MISSING, mode, model_name, progress, task_name
 from engine import metrics as mk
+from jobs.liveness import silent_seconds
 from jobs.phases import phase_of, status_text
 from jobs.scheduler import SchedulerSettings
-from jobs.store.records import EventRecord, RunRecord, SweepRecord
+from jobs.store.records import EventRecord, RunRecord, RunSign, SweepRecord
+from jobs.store.status import SweepStatus
 from jobs.sweeps.driver import sweep_table
 from jobs.sweeps.spec import SweepSpec
 
-LIVE_SECONDS = 1.0
-"""How often a live page's status and table rerun: a new step's count shows within this plus
-FRESH_SECONDS (and the time to send it)."""
-CHART_SECONDS = 5.0
-"""How often a live run's charts rerun. Each rerun sends every chart's data again (a
-fragment that draws nothing loses its elements), so at LIVE_SECONDS twenty viewers kept the
-dashboard at 40 CPU-s a minute, taken from the run; the count above says a step is done."""
+POLL_SECONDS = 1.0
+"""How often a live page asks for its version: a new step shows within this plus
+FRESH_SECONDS (and the rerun that draws it)."""
 FRESH_SECONDS = 0.5
 """How old a shared read may be when a viewer is shown it."""
+TICK_SECONDS = 10.0
+"""How often a live run's status redraws when nothing else changed, so that its "Elapsed",
+"Time left" and a silent worker's "No heartbeat for" move; its charts wait for a step."""
 CHART_ENTRIES = 64
 """Runs' chart sets kept (one per run, x-axis and smoothing shown): each is a few hundred
 KB, so memory stays bounded however long the dashboard runs."""
-SWEEP_SECONDS = 5.0
-"""How often the live sweep pages (Sweep, Sweeps) rerun."""
 SWEEP_FRESH_SECONDS = 2.5
-"""How old a shared read of a sweep may be: a sweep's table is a query per run, and its
-chart is built from it, so at most one viewer in each such interval pays for them."""
+"""How long a shared read of a sweep is kept: a sweep's table is a query per run, and its
+chart is built from it, so it is read once per version of the sweep for all viewers."""
 HEARTBEAT_TIMEOUT = SchedulerSettings.from_env().heartbeat_timeout_seconds
+
+
+@dataclass(frozen=True)
+class Version:
+    """What a live page shows, in short: `state` changes with a run's status, step, events
+    or worker's silence (and, for the Runs page, with a run added or deleted); `tick` every
+    TICK_SECONDS while a run shown is not over (0 once all are)."""
+
+    state: str
+    tick: int
+
+
+def version_of(signs: Sequence[RunSign], now: datetime, listing: str = "") -> Version:
+    """The version of a page that shows runs `signs` as of the database's time `now`;
+    `listing` is what else it shows that may change (the Runs page: how many runs)."""
+    parts = [listing] + [
+        f"{s.id}:{s.status.value}:{s.step}:{s.events}:{int(_silent(s, now))}" for s in signs
+    ]
+    live = any(not s.status.is_terminal() for s in signs)
+    return Version("|".join(parts), int(time.time() // TICK_SECONDS) if live else 0)
+
+
+def _silent(sign: RunSign, now: datetime) -> bool:
+    seconds = silent_seconds(sign, now)
+    return seconds is not None and seconds > HEARTBEAT_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -61,6 +97,27 @@ class RunState:
     run: RunRecord
     events: tuple[EventRecord, ...]
     now: datetime
+
+    @property
+    def version(self) -> Version:
+        """The version of exactly this state, which the route answers until it changes."""
+        r = self.run
+        sign = RunSign(r.id, r.status, r.step, len(self.events), r.started_at, r.heartbeat_at)
+        return version_of([sign], self.now)
+
+
+@st.cache_resource(ttl=FRESH_SECONDS, max_entries=1000, show_spinner=False)
+def run_version(run_id: int) -> Version:
+    """The version of run `run_id`'s live page, as its route answers every viewer."""
+    signs = get_store().run_signs([run_id])
+    return version_of(signs.runs, signs.now)
+
+
+@st.cache_resource(ttl=FRESH_SECONDS, max_entries=1, show_spinner=False)
+def runs_version() -> Version:
+    """The version of the Runs page: every run not over, and how many runs there are."""
+    signs = get_store().run_signs()
+    return version_of(signs.runs, signs.now, f"{signs.count}:{signs.newest}")
 
 
 @dataclass(frozen=True)
@@ -120,9 +177,10 @@ def sendable(spec: dict) -> dict:
 
 
 @st.cache_resource(ttl=FRESH_SECONDS, max_entries=256, show_spinner=False)
-def runs_listing(filters: RunFilters) -> RunsListing:
+def runs_listing(filters: RunFilters, version: Version) -> RunsListing:
     """The Runs page's rows for `filters`, with each run's status, progress, training reward
-    line and best evaluation reward."""
+    line and best evaluation reward, read after `version` was (the key: the rows are then
+    at least as new as the version the page is drawn with, so a change after it is seen)."""
     store = get_store()
     shown, total = store.search_runs(
         text=filters.text,
@@ -172,8 +230,29 @@ class SweepState:
     chart: dict | None
 
 
+@st.cache_resource(ttl=FRESH_SECONDS, max_entries=256, show_spinner=False)
+def sweep_version(sweep_id: int) -> Version:
+    """The version of a sweep's live page: its status and its runs."""
+    store = get_store()
+    status = store.get_sweep(sweep_id).status.value
+    signs = store.run_signs(sweep_ids=[sweep_id])
+    return version_of(signs.runs, signs.now, status)
+
+
+@st.cache_resource(ttl=FRESH_SECONDS, max_entries=16, show_spinner=False)
+def sweeps_version(limit: int) -> Version:
+    """The version of the Sweeps page of the newest `limit` sweeps: their statuses and the
+    runs of those still active."""
+    store = get_store()
+    sweeps = store.list_sweeps(limit=limit)
+    active = [s.id for s in sweeps if s.status is SweepStatus.ACTIVE]
+    signs = store.run_signs(sweep_ids=active)
+    return version_of(signs.runs, signs.now, ",".join(f"{s.id}:{s.status.value}" for s in sweeps))
+
+
 @st.cache_resource(ttl=SWEEP_FRESH_SECONDS, max_entries=256, show_spinner=False)
-def sweep_state(sweep_id: int) -> SweepState:
+def sweep_state(sweep_id: int, version: Version) -> SweepState:
+    """Sweep `sweep_id` as its page shows it, read after `version` was (see runs_listing)."""
     store = get_store()
     sweep = store.get_sweep(sweep_id)
     table = sweep_table(store, sweep_id)
@@ -182,8 +261,9 @@ def sweep_state(sweep_id: int) -> SweepState:
 
 
 @st.cache_resource(ttl=SWEEP_FRESH_SECONDS, max_entries=16, show_spinner=False)
-def sweeps_listing(limit: int) -> tuple[tuple[SweepRecord, ...], pa.Table]:
-    """The newest `limit` sweeps and the Sweeps page's table of them."""
+def sweeps_listing(limit: int, version: Version) -> tuple[tuple[SweepRecord, ...], pa.Table]:
+    """The newest `limit` sweeps and the Sweeps page's table of them, read after `version`
+    was (see runs_listing)."""
     store = get_store()
     sweeps = tuple(store.list_sweeps(limit=limit))
     rows = pd.DataFrame([sweep_view.listing_row(s, sweep_table(store, s.id)) for s in sweeps])
@@ -194,10 +274,14 @@ def forget(run_ids: list[int]) -> None:
     """Drops what is kept of these runs and of the Runs page, after an action changed them."""
     for run_id in run_ids:
         run_state.clear(run_id)
+        run_version.clear(run_id)
+    runs_version.clear()
     runs_listing.clear()
 
 
 def forget_sweep(sweep_id: int) -> None:
     """Drops what is kept of this sweep and of the Sweeps page, after an action changed it."""
-    sweep_state.clear(sweep_id)
+    sweep_version.clear(sweep_id)
+    sweep_state.clear()
+    sweeps_version.clear()
     sweeps_listing.clear()

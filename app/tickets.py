@@ -1,5 +1,6 @@
 """Tickets for the dashboard's routes beside Streamlit: the dataset upload
-(app/upload_route.py) and the checkpoint download (app/checkpoint_route.py). A page mints one
+(app/upload_route.py), the checkpoint download (app/checkpoint_route.py) and the version of a
+live page (app/live_route.py). A page mints one
 for the user who is logged in; the route verifies it from the request before it reads a
 body or touches a file, so nobody without one can make the dashboard take in or send out a
 file.
@@ -31,7 +32,7 @@ from jobs.ray_jobs import SubmitError
 KEY_FILE = "ticket-key"
 TICKET_TTL_S = 15 * 60
 """Long enough to pick a file and start its upload, or to click a download link; checked
-when the request starts."""
+when the request starts. A live page whose ticket expired redraws itself for a new one."""
 MAX_TICKET_CHARS = 2048
 UNAUTHORIZED, FORBIDDEN = 401, 403
 
@@ -48,6 +49,7 @@ class Purpose:
 
 UPLOAD = Purpose("dataset upload", editors_only=True, where="the New run page")
 DOWNLOAD = Purpose("checkpoint download", editors_only=False, where="the run's Checkpoints tab")
+LIVE = Purpose("live page's version", editors_only=False, where="the page again")
 
 
 class TicketError(Exception):

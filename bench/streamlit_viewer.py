@@ -1,28 +1,44 @@
 """One viewer of the dashboard that speaks Streamlit's own websocket protocol instead of
 running a browser: it opens /_stcore/stream, asks for a page (a BackMsg rerun_script with
-the page's name and query string), reruns each fragment on the timer the server asks for
-(ForwardMsg auto_rerun), as the browser does, and reports each run step it is shown.
+the page's name and query string), does what the page's version watches do in a browser
+(app/version_watch.py: ask the live route every second, rerun the watch's fragment with a
+trigger when the answer differs from the version drawn), reruns each fragment on the timer
+the server asks for (ForwardMsg auto_rerun), and reports each run step it is shown.
 
-The server does the same work for it as for a browser (script runs, element encoding,
-sending), while the viewer's side costs a protobuf parse per message: a load test of many
-viewers then measures the dashboard, not the browsers' rendering."""
+The server does the same work for it as for a browser (route answers, script runs, element
+encoding, sending), while the viewer's side costs a protobuf parse per message and a small
+HTTP request a second: a load test of many viewers then measures the dashboard, not the
+browsers' rendering."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import re
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import pyarrow as pa
 from streamlit.proto.BackMsg_pb2 import BackMsg
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+from app.version_watch import CHANGED, COMPONENT
 
 STEP = re.compile(r"^\s*(\d+)\s*/")
 """A step count as the Run page's "Step" metric and the Runs page's "step" column show it:
 `12 / 100` (or `12 / ?`)."""
 CACHED_MESSAGES = 100
 """How many messages a viewer keeps to be sent by reference (the browser keeps recent ones)."""
+TRIGGER_ID = "$$STREAMLIT_INTERNAL_KEY_{component}__events"
+"""The widget whose value carries a component's trigger events, as Streamlit's frontend names
+it (streamlit.components.v2.bidi_component.main._make_trigger_id)."""
+UNAUTHORIZED = 401
+REDRAW_WAIT_S = 5.0
+"""How long a trigger waits for the fragment of the one before it to be redrawn, as
+version_watch.js's REDRAW_WAIT_MS: a fragment rerun asked for while another runs may leave
+that one undrawn."""
 
 
 def shown_steps(msg: ForwardMsg) -> list[int]:
@@ -45,11 +61,70 @@ def _steps(texts: Iterable[str]) -> list[int]:
     return [int(m.group(1)) for text in texts if (m := STEP.match(text))]
 
 
+@dataclass
+class Watch:
+    """A version watch as a page drew it: the fragment it reruns and what its script was
+    given (the route's address and ticket, the version drawn), and the version it last asked
+    a rerun for (asked once, as the script does)."""
+
+    component: str
+    fragment: str
+    run: int
+    url: str
+    ticket: str
+    state: str
+    tick: int | None
+    every_s: float
+    asked: str | None = None
+
+    def changed(self, answer: dict | None) -> str | None:
+        """The version to rerun for, as the script decides it (version_watch.js, differs):
+        None while the route answers the version drawn, or did not answer."""
+        if answer is None:
+            return None
+        if answer.get("expired"):
+            return "expired"
+        clock = self.tick is not None
+        seen = f"{answer['state']}@{answer['tick']}" if clock else answer["state"]
+        drawn = f"{self.state}@{self.tick}" if clock else self.state
+        return None if seen == drawn else seen
+
+
+def drawn_watch(msg: ForwardMsg, run: int) -> Watch | None:
+    """The version watch that `msg` draws, in the page's `run`-th script run; None for any
+    other message."""
+    if msg.WhichOneof("type") != "delta" or msg.delta.WhichOneof("type") != "new_element":
+        return None
+    element = msg.delta.new_element
+    if element.WhichOneof("type") != "bidi_component":
+        return None
+    component = element.bidi_component
+    if component.component_name != COMPONENT:
+        return None
+    data = json.loads(component.json or component.mixed.json)
+    return Watch(
+        component.id,
+        msg.delta.fragment_id,
+        run,
+        data["url"],
+        data["ticket"],
+        data["state"],
+        data["tick"],
+        data["every_ms"] / 1000,
+    )
+
+
 def rerun_request(
-    page: str, query: str, page_hash: str = "", fragment: str = "", cached: Iterable[str] = ()
+    page: str,
+    query: str,
+    page_hash: str = "",
+    fragment: str = "",
+    cached: Iterable[str] = (),
+    trigger: tuple[str, str] | None = None,
 ) -> bytes:
     """The BackMsg a browser sends to run `page` (its URL path, "" for the default page) with
-    `query` (the URL's query string without "?"), or only its `fragment` on a timer."""
+    `query` (the URL's query string without "?"), or only its `fragment`: on a timer, or for
+    the `trigger` (component id, value) of a version watch in it."""
     msg = BackMsg()
     state = msg.rerun_script
     state.query_string = query
@@ -57,7 +132,12 @@ def rerun_request(
     state.page_script_hash = page_hash
     if fragment:
         state.fragment_id = fragment
-        state.is_auto_rerun = True
+        state.is_auto_rerun = trigger is None
+    if trigger is not None:
+        component, value = trigger
+        widget = state.widget_states.widgets.add()
+        widget.id = TRIGGER_ID.format(component=component)
+        widget.json_trigger_value = json.dumps([{"event": CHANGED, "value": value}])
     state.cached_message_hashes.extend(cached)
     return msg.SerializeToString()
 
@@ -70,33 +150,48 @@ class Viewer:
         self, ws_url: str, page: str, query: str, on_step: Callable[[int, float], None]
     ) -> None:
         self.url = f"{ws_url}/_stcore/stream"
+        self.http_url = "http" + ws_url.removeprefix("ws")
         self.page = page
         self.query = query
         self.on_step = on_step
         self.page_hash = ""
         self.cache: dict[str, ForwardMsg] = {}  # what a browser keeps: messages by hash
         self.timers: dict[str, asyncio.Task] = {}
+        self.watches: dict[str, Watch] = {}  # by component id
+        self.runs = 0  # script runs begun (full or fragment), to drop watches no longer drawn
+        self.finished = asyncio.Event()  # set when a script run finishes
         self.messages = 0
         self.errors = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         """Views the page until `stop` is set; reconnects (as a browser does) if dropped."""
+        import aiohttp
         import websockets
 
         while not stop.is_set():
             try:
-                async with websockets.connect(
-                    self.url, subprotocols=["streamlit"], max_size=None, open_timeout=60
-                ) as ws:
+                async with (
+                    websockets.connect(
+                        self.url, subprotocols=["streamlit"], max_size=None, open_timeout=60
+                    ) as ws,
+                    aiohttp.ClientSession() as http,
+                ):
                     await ws.send(rerun_request(self.page, self.query))
-                    receiver = asyncio.ensure_future(self._receive(ws))
+                    tasks = {
+                        asyncio.ensure_future(self._receive(ws)),
+                        asyncio.ensure_future(self._watch_versions(ws, http)),
+                    }
                     waiter = asyncio.ensure_future(stop.wait())
-                    await asyncio.wait({receiver, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                    for task in (receiver, waiter, *self.timers.values()):
+                    done, _ = await asyncio.wait(
+                        {*tasks, waiter}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    for task in (*tasks, waiter, *self.timers.values()):
                         task.cancel()
                     self.timers.clear()
-                    if receiver.done() and not receiver.cancelled() and receiver.exception():
-                        raise receiver.exception()
+                    self.watches.clear()
+                    for task in done & tasks:
+                        if not task.cancelled() and task.exception():
+                            raise task.exception()
             except Exception:  # a dropped or refused connection: counted, retried
                 if stop.is_set():
                     return
@@ -113,17 +208,17 @@ class Viewer:
 
     def handle(self, msg: ForwardMsg, now: float, ws=None) -> None:
         """What the browser does with `msg` that matters here: keep it by hash, follow its
-        page and fragment timers, and report the steps it shows."""
+        page, its version watches and fragment timers, and report the steps it shows."""
+        msg = self._kept(msg)
         kind = msg.WhichOneof("type")
-        if kind == "ref_hash":  # a message this viewer said it had: the kept copy
-            msg = self.cache.get(msg.ref_hash, msg)
-            kind = msg.WhichOneof("type")
-        elif msg.hash:
-            self.cache[msg.hash] = msg
-            while len(self.cache) > CACHED_MESSAGES:  # the oldest go first, as in a browser
-                del self.cache[next(iter(self.cache))]
         if kind == "new_session":
             self.page_hash = msg.new_session.page_script_hash
+            self.runs += 1
+        elif kind == "script_finished":
+            self.finished.set()
+            if msg.script_finished == ForwardMsg.FINISHED_SUCCESSFULLY:
+                # a whole page drawn: the watches it did not draw are gone from it
+                self.watches = {k: w for k, w in self.watches.items() if w.run == self.runs}
         elif kind == "auto_rerun" and ws is not None:
             fragment = msg.auto_rerun.fragment_id
             if fragment in self.timers:
@@ -135,8 +230,56 @@ class Viewer:
             for fragment in msg.stop_auto_rerun.fragment_ids:
                 if task := self.timers.pop(fragment, None):
                     task.cancel()
+        if watch := drawn_watch(msg, self.runs):
+            self.watches[watch.component] = watch
         for step in shown_steps(msg):
             self.on_step(step, now)
+
+    def _kept(self, msg: ForwardMsg) -> ForwardMsg:
+        """`msg`, kept by its hash; for a reference to a message kept before, that one."""
+        if msg.WhichOneof("type") == "ref_hash":
+            return self.cache.get(msg.ref_hash, msg)
+        if msg.hash:
+            self.cache[msg.hash] = msg
+            while len(self.cache) > CACHED_MESSAGES:  # the oldest go first, as in a browser
+                del self.cache[next(iter(self.cache))]
+        return msg
+
+    async def _watch_versions(self, ws, http) -> None:
+        """The page's version watches: one request a round per address (the script shares
+        it among a page's watches), a trigger per watch whose version changed, each after
+        the run of the one before it finished (or REDRAW_WAIT_S)."""
+        while True:
+            every = min((w.every_s for w in self.watches.values()), default=1.0)
+            await asyncio.sleep(every)
+            answers: dict[str, dict | None] = {}
+            for watch in list(self.watches.values()):
+                if watch.url not in answers:
+                    answers[watch.url] = await self._ask(http, watch)
+                changed = watch.changed(answers[watch.url])
+                if changed and changed != watch.asked:
+                    watch.asked = changed
+                    trigger = (watch.component, changed)
+                    request = rerun_request(
+                        self.page, self.query, self.page_hash, watch.fragment, self.cache, trigger
+                    )
+                    self.finished.clear()
+                    await ws.send(request)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.finished.wait(), REDRAW_WAIT_S)
+
+    async def _ask(self, http, watch: Watch) -> dict | None:
+        """The route's answer to `watch`'s script: its JSON, `expired` on a 401, None when
+        it cannot be had (the script asks again next round)."""
+        headers = {"Authorization": f"Bearer {watch.ticket}"}
+        url = self.http_url + watch.url if watch.url.startswith("/") else watch.url
+        try:
+            async with http.get(url, headers=headers) as response:
+                if response.status == UNAUTHORIZED:
+                    return {"expired": True}
+                return await response.json() if response.ok else None
+        except Exception:  # the dashboard is restarting: as the script, ask again
+            return None
 
     async def _rerun_every(self, ws, fragment: str, interval: float) -> None:
         while True:

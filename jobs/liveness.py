@@ -9,12 +9,24 @@ one alive."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Protocol
 
 from jobs.store.records import RunRecord
-from jobs.store.status import LIVE
+from jobs.store.status import LIVE, RunStatus
 
 
-def silent_seconds(run: RunRecord, now: datetime) -> float | None:
+class Beating(Protocol):
+    """A run as far as its liveness goes: a RunRecord, or a RunSign (what live pages poll)."""
+
+    @property
+    def status(self) -> RunStatus: ...
+    @property
+    def started_at(self) -> datetime | None: ...
+    @property
+    def heartbeat_at(self) -> datetime | None: ...
+
+
+def silent_seconds(run: Beating, now: datetime) -> float | None:
     """Seconds from the run's worker's last sign of life to `now` (the database's time);
     None unless the run is live."""
     last = run.heartbeat_at or run.started_at

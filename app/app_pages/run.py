@@ -1,16 +1,17 @@
 """Run (`?run=ID`): status and actions (and, for a sweep's run, a link to its sweep), live
-charts (a fragment that refreshes itself while the run is live), and tabs for configuration,
-samples, LBES, events, checkpoints (each a download link, app/checkpoints_view.py) and
-exports."""
+charts (fragments that redraw themselves when the run changes, while it is live), and tabs
+for configuration, samples, LBES, events, checkpoints (each a download link,
+app/checkpoints_view.py) and exports."""
 
 import pandas as pd
 import streamlit as st
 
-from app import actions, exports, live, report
+from app import actions, exports, live, live_route, report
 from app.alignment_view import alignment_view
 from app.checkpoints_view import checkpoints_tab
 from app.samples_view import Scope, lbes_view, sample_inspector
 from app.state import get_store
+from app.version_watch import watch_version
 from app.views import (
     MISSING,
     cell,
@@ -47,13 +48,15 @@ except StoreError as exc:
 
 
 def status() -> None:
-    """Status; reruns itself every LIVE_SECONDS while the run is live, on the state all its
-    viewers share (app/live.py). A failed run's error comes first; a run whose engine is
-    starting says so, and for how long."""
+    """Status; redraws itself while the run is live when it changes or its clock moves, on
+    the state all its viewers share (app/live.py). A failed run's error comes first; a run
+    whose engine is starting says so, and for how long."""
     state = live.run_state(run.id)
     current = state.run
     if current.status.is_terminal() and not run.status.is_terminal():
-        st.rerun(scope="app")  # the run ended: redraw once without the timer
+        st.rerun(scope="app")  # the run ended: redraw once without the watch
+    if live_page:
+        watch_run(state, "status_watch", clock=True)
     if current.error:
         show_run_error(current.error)
     events = state.events
@@ -92,9 +95,17 @@ if run.sweep_id is not None:
         icon=":material/insights:",
         query_params={"sweep": str(run.sweep_id)},
     )
-refresh = None if run.status.is_terminal() else live.LIVE_SECONDS
-st.fragment(run_every=refresh)(status)()
-# The actions sit outside the timer: which are enabled changes only when the run ends, and
+
+
+def watch_run(state: live.RunState, key: str, *, clock: bool) -> None:
+    """Reruns the calling fragment once the run differs from `state` (app/version_watch.py)."""
+    path, subject = live_route.run_path(run.id), live_route.run_subject(run.id)
+    watch_version(path, subject, state.version, clock=clock, key=key)
+
+
+live_page = not run.status.is_terminal()
+st.fragment(status)()
+# The actions sit outside the status: which are enabled changes only when the run ends, and
 # then the status redraws the whole page. Redrawn every second, the three buttons were 40%
 # of that rerun's time (py-spy, 20 viewers).
 actions.buttons(store, run, "run")
@@ -115,8 +126,12 @@ x = X_AXES[axis]
 
 
 def live_charts() -> None:
-    """The charts, built once per recorded step for all viewers (app/live.py)."""
-    current = live.run_state(run.id).run
+    """The charts, built once per recorded step for all viewers (app/live.py); redrawn
+    when the run changes, not on the status's clock (each redraw sends every chart's data)."""
+    state = live.run_state(run.id)
+    current = state.run
+    if live_page:
+        watch_run(state, "charts_watch", clock=False)
     fitness, figures = live.run_charts_at(
         run.id, current.step, current.status.value, x, smoothing, current
     )
@@ -129,7 +144,7 @@ def live_charts() -> None:
         columns[i % 2].vega_lite_chart(figure)
 
 
-st.fragment(run_every=None if refresh is None else live.CHART_SECONDS)(live_charts)()
+st.fragment(live_charts)()
 
 config_tab, samples_tab, lbes_tab, align_tab, events_tab, ckpt_tab, export_tab = st.tabs(
     ["Configuration", "Samples", "LBES", "Alignment", "Events", "Checkpoints", "Export"],

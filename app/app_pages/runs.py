@@ -1,13 +1,14 @@
 """Runs: search, filter and sort every run; open, compare, cancel, clone or resume them; a
 sweep's run links to its sweep.
 Filters, sort and page live in the URL; one page of runs is read at a time. While a listed
-run is queued or running the table refreshes itself (a fragment on a timer), and stops when
-none is."""
+run is queued or running the table redraws itself when a run changes (a fragment that
+watches the Runs page's version, app/version_watch.py), and stops watching when none is."""
 
 import streamlit as st
 
-from app import actions, auth, live
+from app import actions, auth, live, live_route
 from app.state import get_store
+from app.version_watch import watch_version
 from app.views import (
     MISSING,
     inert,
@@ -60,12 +61,13 @@ for name, value in (
 
 def search(page: int) -> tuple[list[RunRecord], int]:
     """Page `page` (from 1) of the runs the filters select, and how many they select."""
-    listing = listing_of(page)
+    listing = listing_of(page, live.runs_version())
     return list(listing.runs), listing.total
 
 
-def listing_of(page: int) -> live.RunsListing:
-    """Page `page` of the filtered runs and its table, as shared by all its viewers."""
+def listing_of(page: int, version: live.Version) -> live.RunsListing:
+    """Page `page` of the filtered runs and its table, as shared by all its viewers, read
+    after `version`."""
     return live.runs_listing(
         live.RunFilters(
             text=text,
@@ -75,7 +77,8 @@ def listing_of(page: int) -> live.RunsListing:
             order=SORTS[sort],
             limit=PAGE_SIZE,
             offset=PAGE_SIZE * max(0, page - 1),
-        )
+        ),
+        version,
     )
 
 
@@ -102,10 +105,15 @@ def any_live(listed: list[RunRecord]) -> bool:
 
 def table_and_actions(refreshing: bool) -> None:
     """The table of this page of runs and the buttons acting on the selected ones."""
-    listing = listing_of(page)
+    version = live.runs_version()
+    listing = listing_of(page, version)
     shown = list(listing.runs)
     if refreshing and not any_live(shown):
-        st.rerun(scope="app")  # the last live run ended: redraw once without the timer
+        st.rerun(scope="app")  # the last live run ended: redraw once without the watch
+    if refreshing:
+        watch_version(
+            live_route.RUNS_PATH, live_route.RUNS_SUBJECT, version, clock=False, key="runs_watch"
+        )
     table = listing.table
     event = st.dataframe(
         table,
@@ -128,7 +136,7 @@ def table_and_actions(refreshing: bool) -> None:
     st.caption(
         f"{total} runs · page {page} of {pages} · selected: "
         + (inert(", ".join(label(r) for r in selected)) or "none")
-        + (f" · refreshing every {live.LIVE_SECONDS:g} s" if refreshing else "")
+        + (" · redrawn when a run changes" if refreshing else "")
     )
 
     editor = auth.can_edit()
@@ -167,4 +175,4 @@ def table_and_actions(refreshing: bool) -> None:
 
 
 refreshing = any_live(runs)
-st.fragment(run_every=live.LIVE_SECONDS if refreshing else None)(table_and_actions)(refreshing)
+st.fragment(table_and_actions)(refreshing)

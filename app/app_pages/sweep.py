@@ -1,13 +1,15 @@
 """Sweep (`?sweep=ID`): progress against the budget, the runs ranked by the objective (the
 best one a click away, the top k to Compare), the swept options against the objective, the
 search as YAML, cancel, and downloads. While the sweep is active its part that changes
-refreshes itself (a fragment on a timer), and stops once the sweep has ended."""
+redraws itself when the sweep or one of its runs changes (a fragment that watches the
+sweep's version, app/version_watch.py), and stops watching once the sweep has ended."""
 
 import pandas as pd
 import streamlit as st
 
-from app import actions, auth, exports, live, report, sweep_view
+from app import actions, auth, exports, live, live_route, report, sweep_view
 from app.state import get_store
+from app.version_watch import watch_version
 from app.views import MISSING, id_param, inert, number, show_error
 from jobs.store.errors import StoreError
 from jobs.store.status import SweepStatus
@@ -40,12 +42,16 @@ st.caption(
 
 
 def live_part() -> None:
-    """Progress, the best run, the ranked runs, the top k and the chart; reruns itself every
-    SWEEP_SECONDS while the sweep is active, on the state all its viewers share (app/live.py)."""
-    state = live.sweep_state(sweep.id)
+    """Progress, the best run, the ranked runs, the top k and the chart; redrawn when the
+    sweep changes while it is active, on the state all its viewers share (app/live.py)."""
+    version = live.sweep_version(sweep.id)
+    state = live.sweep_state(sweep.id, version)
     current, table = state.sweep, state.table
     if current.status is not SweepStatus.ACTIVE and sweep.status is SweepStatus.ACTIVE:
-        st.rerun(scope="app")  # the sweep ended: redraw once without the timer
+        st.rerun(scope="app")  # the sweep ended: redraw once without the watch
+    if sweep.status is SweepStatus.ACTIVE:
+        path, subject = live_route.sweep_path(sweep.id), live_route.sweep_subject(sweep.id)
+        watch_version(path, subject, version, clock=False, key="sweep_watch")
     done = sweep_view.progress(table, spec.budget)
     columns = st.columns(6)
     for column, title, value in (
@@ -115,8 +121,7 @@ def compare(table: pd.DataFrame) -> None:
     )
 
 
-refresh = live.SWEEP_SECONDS if sweep.status is SweepStatus.ACTIVE else None
-st.fragment(run_every=refresh)(live_part)()
+st.fragment(live_part)()
 
 if sweep.status is SweepStatus.ACTIVE:
     if auth.can_edit():

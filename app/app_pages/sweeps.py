@@ -1,14 +1,16 @@
 """Sweeps: every sweep, newest first, with its progress against the budget and its best run so
-far; each opens its Sweep page. While a sweep is active the table refreshes itself (a
-fragment on a timer), and stops when none is."""
+far; each opens its Sweep page. While a sweep is active the table redraws itself when a
+sweep or one of an active sweep's runs changes (a fragment that watches the Sweeps page's
+version, app/version_watch.py), and stops watching when none is."""
 
 import streamlit as st
 
-from app import actions, live
+from app import actions, live, live_route
+from app.version_watch import watch_version
 from app.views import MISSING
 from jobs.store.status import SweepStatus
 
-LIMIT = 100
+LIMIT = live_route.SWEEPS_SHOWN
 
 st.title("Sweeps")
 if st.button("New sweep", icon=":material/add:"):
@@ -17,9 +19,13 @@ if st.button("New sweep", icon=":material/add:"):
 
 def listing(refreshing: bool) -> None:
     """The table of the newest sweeps, as all its viewers share it (app/live.py)."""
-    sweeps, table = live.sweeps_listing(LIMIT)
+    version = live.sweeps_version(LIMIT)
+    sweeps, table = live.sweeps_listing(LIMIT, version)
     if refreshing and not any(s.status is SweepStatus.ACTIVE for s in sweeps):
-        st.rerun(scope="app")  # the last active sweep ended: redraw once without the timer
+        st.rerun(scope="app")  # the last active sweep ended: redraw once without the watch
+    if refreshing:
+        path, subject = live_route.SWEEPS_PATH, live_route.SWEEPS_SUBJECT
+        watch_version(path, subject, version, clock=False, key="sweeps_watch")
     st.dataframe(
         table,
         hide_index=True,
@@ -35,11 +41,11 @@ def listing(refreshing: bool) -> None:
     st.caption(
         f"{len(sweeps)} sweeps"
         + (f" (the newest {LIMIT})" if len(sweeps) == LIMIT else "")
-        + (f" · refreshing every {live.SWEEP_SECONDS:g} s" if refreshing else "")
+        + (" · redrawn when a sweep changes" if refreshing else "")
     )
 
 
-first, _ = live.sweeps_listing(LIMIT)  # the fragment's read, shared
+first, _ = live.sweeps_listing(LIMIT, live.sweeps_version(LIMIT))  # the fragment's read
 if not first:
     st.info(
         "No sweeps yet: press **New sweep** (the New run page's Sweep section) or use "
@@ -47,4 +53,4 @@ if not first:
     )
     st.stop()
 refreshing = any(s.status is SweepStatus.ACTIVE for s in first)
-st.fragment(run_every=live.SWEEP_SECONDS if refreshing else None)(listing)(refreshing)
+st.fragment(listing)(refreshing)

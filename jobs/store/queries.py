@@ -13,9 +13,17 @@ from sqlalchemy.orm import Session
 
 from engine.sink import SampleRecord
 from jobs.store import models
-from jobs.store.records import CheckpointRecord, EventRecord, MetricPoint, RunExport
-from jobs.store.rows import aware, find_run, run_record
+from jobs.store.records import (
+    CheckpointRecord,
+    EventRecord,
+    MetricPoint,
+    RunExport,
+    RunSign,
+    RunSigns,
+)
+from jobs.store.rows import aware, database_now, find_run, run_record
 from jobs.store.session import StoreBase
+from jobs.store.status import TERMINAL, RunStatus
 
 
 class RunQueries(StoreBase):
@@ -295,6 +303,36 @@ class RunQueries(StoreBase):
                 EventRecord(created_at=aware(e.created_at), level=e.level, message=e.message)
                 for e in rows
             ]
+
+    def run_signs(
+        self, run_ids: Sequence[int] | None = None, sweep_ids: Sequence[int] | None = None
+    ) -> RunSigns:
+        """The signs of runs `run_ids`, or of the runs of sweeps `sweep_ids`, or (neither)
+        of every run not yet ended, with the count of all runs, the newest id and the
+        database's time. Live pages ask for it every second or so to learn whether they
+        changed, so it is two indexed queries, no rows kept."""
+        r, e = models.Run, models.Event
+        events = select(func.count()).where(e.run_id == r.id).correlate(r).scalar_subquery()
+        if run_ids is not None:
+            which = r.id.in_(run_ids)
+        elif sweep_ids is not None:
+            which = r.sweep_id.in_(sweep_ids)
+        else:
+            which = r.status.not_in([s.value for s in TERMINAL])
+        with self._session() as s:
+            count, newest, now = s.execute(
+                select(func.count(), func.max(r.id), database_now()).select_from(r)
+            ).one()
+            rows = s.execute(
+                select(r.id, r.status, r.step, events, r.started_at, r.heartbeat_at)
+                .where(which)
+                .order_by(r.id)
+            )
+            signs = tuple(
+                RunSign(i, RunStatus(status), step, n, aware(started), aware(beat))
+                for i, status, step, n, started, beat in rows
+            )
+        return RunSigns(signs, count, newest, aware(now))
 
     def events_starting_with(self, run_ids: Sequence[int], prefix: str) -> dict[int, list[str]]:
         """The messages of many runs' events that start with `prefix`, oldest first, {run

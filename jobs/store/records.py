@@ -35,6 +35,31 @@ class RunRecord:
 
 
 @dataclass(frozen=True)
+class RunSign:
+    """What a live page shows of a run that changes while it trains: the dashboard compares
+    these, not whole pages, to know when a viewer's page needs redrawing (app/live.py)."""
+
+    id: int
+    status: RunStatus
+    step: int
+    events: int
+    started_at: datetime | None
+    heartbeat_at: datetime | None
+
+
+@dataclass(frozen=True)
+class RunSigns:
+    """The signs of some runs, how many runs there are and the newest one's id (a run
+    submitted or deleted changes the Runs page), and the database's time (heartbeats are
+    written in it: jobs.liveness)."""
+
+    runs: tuple[RunSign, ...]
+    count: int
+    newest: int | None
+    now: datetime
+
+
+@dataclass(frozen=True)
 class SweepRecord:
     """A sweep: `spec` is SweepSpec.to_dict() (jobs.sweeps.spec), `base_config` the
     RunConfig.to_dict() its trials vary, paths resolved as a run stores them."""

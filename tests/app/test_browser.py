@@ -1,9 +1,11 @@
 """The dashboard in Debian's Chromium (never a downloaded browser), driven by Playwright,
-against `streamlit run app/main.py` on a seeded database: the Runs page and a Run page
-render, a run page's URL opens the same view, the sample inspector finds an LBES run's kept
-and dropped samples, shows a long completion whole and diffs a completion across steps, and
-a sweep's page ranks its runs, draws its chart and opens its best run. Screenshots go to the
-test's tmp folder (or $ESLAB_TEST_OUTPUT)."""
+against `streamlit run app/server.py` (as `eslab serve` runs it: the routes beside the pages)
+on a seeded database: the Runs page and a Run page render, a live Run page shows a new step
+without a reload and asks for no rerun while nothing changes, a run page's URL opens the
+same view, the sample inspector finds an LBES run's kept and dropped samples, shows a long
+completion whole and diffs a completion across steps, and a sweep's page ranks its runs,
+draws its chart and opens its best run. Screenshots go to the test's tmp folder (or
+$ESLAB_TEST_OUTPUT)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,10 @@ from jobs.store.store import Store
 from tests.app.browser import WAIT_MS, free_port, playwright_or_skip, shots_folder
 from tests.app.sample_runs import CHANGED, END, LONG, add_lbes_samples, add_sweep
 
-APP = Path(__file__).resolve().parents[2] / "app" / "main.py"
+APP = Path(__file__).resolve().parents[2] / "app" / "server.py"
+NEW_STEP_MS = 20_000
+"""How soon a live Run page shows a new step: a second's poll and a fragment's rerun, with
+room for a loaded machine (WAIT_MS is for whole pages)."""
 playwright_api = playwright_or_skip()
 
 
@@ -214,16 +219,29 @@ def test_the_sweep_page_in_chromium(server, browser, shots):
     playwright_api.expect(page).to_have_url(re.compile(r"/run\?run=4$"), timeout=WAIT_MS)
 
 
-def test_run_page_refreshes_itself_while_live(server, browser, seeded_url, shots):
+def test_run_page_redraws_itself_when_the_run_changes(server, browser, seeded_url, shots):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    reruns: list[object] = []
+    page.on("websocket", lambda ws: ws.on("framesent", lambda frame: reruns.append(frame)))
     page.goto(f"{server}/run?run=1")
     page.get_by_text("2 / 5").wait_for(timeout=WAIT_MS)
+    page.locator("[data-testid='stVegaLiteChart']").first.wait_for(timeout=WAIT_MS)  # drawn
+    asked = len(reruns)
+    assert asked  # the frames are seen: the page's first run was asked for
+    time.sleep(3)
+    assert len(reruns) - asked <= 1  # no timer: at most the status's clock (every 10 s)
     store = Store(seeded_url)
     try:
-        store.record_step(
-            1, StepReport(step=3, metrics={mk.reward_key(mk.TRAIN): 0.9}, wall_time=1003.0)
-        )
-        page.get_by_text("3 / 5").wait_for(timeout=WAIT_MS)  # no reload: the fragment ticks
+        for step in (3, 4, 5):
+            before = len(reruns)
+            store.record_step(
+                1, StepReport(step=step, metrics={mk.reward_key(mk.TRAIN): 0.9}, wall_time=1e3)
+            )
+            page.get_by_text(f"{step} / 5").wait_for(timeout=NEW_STEP_MS)  # no reload
+            time.sleep(2)
+            # the status and the charts once each (and maybe the clock): a watch redrawn
+            # stops asking, else each step would be asked for by every older one too
+            assert 2 <= len(reruns) - before <= 3, step
         store.set_status(1, RunStatus.SUCCEEDED)
         page.get_by_text("succeeded").wait_for(timeout=WAIT_MS)
     finally:

@@ -195,9 +195,9 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
     fill(page, field("run_name"), "e2e-b")
     page.get_by_role("button", name="Queue run").click()
     page.get_by_role("heading", name="e2e-b").wait_for(timeout=WAIT_MS)
-    # Meanwhile the Runs page, left open, refreshes itself until no run is live.
+    # Meanwhile the Runs page, left open, redraws itself until no run is live.
     runs = login(browser, f"{base}/", "ed")
-    refreshing = runs.get_by_text("refreshing every 1 s")
+    refreshing = runs.get_by_text("redrawn when a run changes")
     refreshing.wait_for(timeout=WAIT_MS)
     runs.evaluate("window.eslabMarker = 'no reload'")
     assert watch_run(page, RUN_DEADLINE_S)[-1][0] == "succeeded"

@@ -1,15 +1,18 @@
 """The live pages' shared reads (app/live.py): one database read serves every viewer within
 FRESH_SECONDS, an action's change shows at once, and a run's charts are built once per step
-with their data already in the form Streamlit sends."""
+with their data already in the form Streamlit sends. A live Run page carries its version
+watches (app/version_watch.py; AppTest runs no script, so what they are given is checked
+here, what they do in tests/app/test_browser.py), a finished one none."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-from app import live
+from app import live, live_route, tickets
 from engine import metrics as mk
 from engine.sink import StepReport
 from jobs.store.status import RunStatus
@@ -75,3 +78,26 @@ def test_the_run_page_draws_the_shared_charts(store):
     charts = at.get("vega_lite_chart")
     assert len(charts) >= 2  # the population and at least one metric
     assert all(chart.proto.datasets for chart in charts)
+
+
+def watches_of(run_id: int) -> list[dict]:
+    """What the Run page of `run_id` gives its version watches."""
+    at = AppTest.from_file(MAIN, default_timeout=60)
+    at.query_params["run"] = str(run_id)
+    at.switch_page("app_pages/run.py")
+    at.run()
+    assert not at.exception
+    return [json.loads(w.proto.json) for w in at.get("bidi_component")]
+
+
+def test_a_live_run_page_watches_its_version_and_a_finished_one_does_not(store):
+    status, charts = watches_of(1)
+    version = live.run_version(1)
+    assert status["state"] == charts["state"] == version.state
+    assert status["tick"] in (version.tick - 1, version.tick)  # drawn before, maybe a tick
+    assert charts["tick"] is None  # the charts wait for a step
+    assert status["url"].endswith(live_route.run_path(1))
+    tickets.verify(status["ticket"], tickets.LIVE, live_route.run_subject(1))
+    store.set_status(1, RunStatus.SUCCEEDED)
+    live.forget([1])
+    assert watches_of(1) == []

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app import auth, sweep_form
+from app import auth, live, live_route, sweep_form, tickets
 from app.exports import sweep_csv, sweep_json
 from app.views import inert
 from engine.paths import config_path
@@ -136,6 +136,27 @@ def test_the_downloads_are_the_sweep_table(store, sweep):
     assert best["run"] == RANKED[0] and best["population_size"] == 8
     header = sweep_csv(store, sweep.id).splitlines()[0].split(",")
     assert header[:3] == ["trial", "run_id", "run"] and "noise_std" in header
+
+
+def test_the_sweep_pages_watch_their_version_while_the_sweep_is_active(store, sweep):
+    def watches(page_path: str, **params: str) -> list[dict]:
+        at = page(page_path, **params)
+        assert not at.exception, at.exception
+        return [json.loads(w.proto.json) for w in at.get("bidi_component")]
+
+    [one] = watches("app_pages/sweep.py", sweep=str(sweep.id))
+    assert one["url"].endswith(live_route.sweep_path(sweep.id)) and one["tick"] is None
+    assert one["state"] == live.sweep_version(sweep.id).state
+    tickets.verify(one["ticket"], tickets.LIVE, live_route.sweep_subject(sweep.id))
+    [listing] = watches("app_pages/sweeps.py")
+    assert listing["url"].endswith(live_route.SWEEPS_PATH)
+    assert any(
+        "redrawn when a sweep changes" in c.value for c in page("app_pages/sweeps.py").caption
+    )
+    store.set_sweep_status(sweep.id, SweepStatus.CANCELLED, expected=[SweepStatus.ACTIVE])
+    live.forget_sweep(sweep.id)
+    assert watches("app_pages/sweep.py", sweep=str(sweep.id)) == []
+    assert watches("app_pages/sweeps.py") == []
 
 
 def test_the_sweeps_list_and_the_runs_page_link_to_the_sweep(store, sweep):

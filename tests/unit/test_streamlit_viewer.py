@@ -3,11 +3,14 @@ server's messages and what it asks for, on hand-made protobufs (no server)."""
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 from streamlit.proto.BackMsg_pb2 import BackMsg
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
-from bench.streamlit_viewer import Viewer, rerun_request, shown_steps
+from app.version_watch import COMPONENT
+from bench.streamlit_viewer import Viewer, drawn_watch, rerun_request, shown_steps
 
 
 def metric(label: str, body: str, hash_: str = "") -> ForwardMsg:
@@ -58,3 +61,50 @@ def test_a_message_sent_by_reference_is_read_from_the_viewers_copy():
     assert viewer.page_hash == "page-hash"
     assert seen == [(5, 2.0), (5, 3.0)]
     assert list(viewer.cache) == ["h5"]
+
+
+def watch(component: str, fragment: str, tick: int | None = None) -> ForwardMsg:
+    """A version watch as the server draws it (app/version_watch.py)."""
+    msg = ForwardMsg()
+    msg.delta.fragment_id = fragment
+    element = msg.delta.new_element.bidi_component
+    element.id, element.component_name = component, COMPONENT
+    data = {"url": "/api/live/run/1", "ticket": "t", "state": "|1:running:3:0:0"}
+    element.json = json.dumps({**data, "tick": tick, "every_ms": 1000})
+    return msg
+
+
+def test_a_watch_reruns_its_fragment_with_the_trigger_a_browser_sends():
+    status = drawn_watch(watch("$$ID-a-status_watch", "frag1", tick=7), run=1)
+    assert status is not None and status.fragment == "frag1" and status.every_s == 1.0
+    same = {"state": "|1:running:3:0:0", "tick": 7}
+    assert status.changed(same) is None and status.changed(None) is None
+    assert status.changed({**same, "tick": 8}) == "|1:running:3:0:0@8"  # its clock moved
+    assert status.changed({"expired": True}) == "expired"
+    charts = drawn_watch(watch("$$ID-b-charts_watch", "frag2"), run=1)
+    assert charts is not None and charts.changed({**same, "tick": 8}) is None  # no clock
+    assert charts.changed({"state": "|1:running:4:0:0", "tick": 8}) == "|1:running:4:0:0"
+    assert drawn_watch(metric("Step", "1 / 2"), run=1) is None
+    msg = BackMsg()
+    msg.ParseFromString(rerun_request("run", "run=1", "abc", "frag2", (), ("$$ID-b", "v")))
+    state = msg.rerun_script
+    assert (state.fragment_id, state.is_auto_rerun) == ("frag2", False)
+    (widget,) = state.widget_states.widgets
+    assert widget.id == "$$STREAMLIT_INTERNAL_KEY_$$ID-b__events"  # as Chromium sends it
+    assert json.loads(widget.json_trigger_value) == [{"event": "changed", "value": "v"}]
+
+
+def test_a_whole_page_drawn_without_a_watch_drops_it():
+    viewer = Viewer("ws://x", "run", "run=1", lambda step, at: None)
+    session = ForwardMsg()
+    session.new_session.page_script_hash = "page-hash"
+    viewer.handle(session, 1.0)
+    viewer.handle(watch("$$ID-a", "frag1"), 1.0)
+    viewer.handle(ForwardMsg(script_finished=ForwardMsg.FINISHED_SUCCESSFULLY), 1.0)
+    assert list(viewer.watches) == ["$$ID-a"]
+    viewer.handle(session, 2.0)  # the fragment reruns: its watch stays
+    viewer.handle(ForwardMsg(script_finished=ForwardMsg.FINISHED_FRAGMENT_RUN_SUCCESSFULLY), 2.0)
+    assert list(viewer.watches) == ["$$ID-a"]
+    viewer.handle(session, 3.0)  # the run ended: the page is drawn again, without a watch
+    viewer.handle(ForwardMsg(script_finished=ForwardMsg.FINISHED_SUCCESSFULLY), 3.0)
+    assert viewer.watches == {}

@@ -1,0 +1,39 @@
+"""A live page's watch on its version: an invisible component, placed in a fragment, whose
+script (live_component/version_watch.js) asks the live route (app/live_route.py) every
+live.POLL_SECONDS whether what the fragment shows changed, and reruns the fragment (a
+trigger: a widget's event in a fragment reruns only it) when it did. It replaces a timer on
+the fragment: between two steps of a run, nothing runs on the dashboard but the route's
+answers, however many viewers watch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from app import live, tickets
+from app.views import page_origin, tab_ticket
+
+SCRIPT = Path(__file__).resolve().parent / "live_component" / "version_watch.js"
+COMPONENT = "eslab_version_watch"
+CHANGED = "changed"
+"""The trigger's event, as the script sends it: its value (the new version) is not read,
+only the rerun it causes matters."""
+
+_watch = st.components.v2.component(COMPONENT, js=SCRIPT.read_text())
+
+
+def watch_version(path: str, subject: str, version: live.Version, *, clock: bool, key: str) -> None:
+    """Reruns the calling fragment once the route at `path` (for a ticket bound to
+    `subject`) answers other than `version`, its clock included when `clock` (a status's
+    elapsed time); `key` names the watch, one per fragment of a page."""
+    _watch(
+        data={
+            "url": page_origin() + path,
+            "ticket": tab_ticket(tickets.LIVE, subject),
+            "state": version.state,
+            "tick": version.tick if clock else None,
+            "every_ms": int(live.POLL_SECONDS * 1000),
+        },
+        key=key,
+    )
