@@ -1,6 +1,6 @@
 """The dashboard's door for live pages: the version of what a page shows, as JSON.
 
-    GET /api/live/run/RUN       Authorization: Bearer TICKET    -> {"state": ..., "tick": ...}
+    GET /api/live/run/RUN       Authorization: Bearer TICKET    -> {"state": ...}
     GET /api/live/runs          (the Runs page)
     GET /api/live/sweep/SWEEP   (a Sweep page)
     GET /api/live/sweeps        (the Sweeps page, of its newest SWEEPS_SHOWN sweeps)

@@ -23,16 +23,15 @@ only the rerun it causes matters."""
 _watch = st.components.v2.component(COMPONENT, js=SCRIPT.read_text())
 
 
-def watch_version(path: str, subject: str, version: live.Version, *, clock: bool, key: str) -> None:
+def watch_version(path: str, subject: str, version: live.Version, *, key: str) -> None:
     """Reruns the calling fragment once the route at `path` (for a ticket bound to
-    `subject`) answers other than `version`, its clock included when `clock` (a status's
-    elapsed time); `key` names the watch, one per fragment of a page."""
+    `subject`) answers other than `version`; `key` names the watch, one per fragment of a
+    page."""
     _watch(
         data={
             "url": page_origin() + path,
             "ticket": tab_ticket(tickets.LIVE, subject),
             "state": version.state,
-            "tick": version.tick if clock else None,
             "every_ms": int(live.POLL_SECONDS * 1000),
         },
         key=key,

@@ -73,7 +73,6 @@ class Watch:
     url: str
     ticket: str
     state: str
-    tick: int | None
     every_s: float
     asked: str | None = None
 
@@ -84,10 +83,7 @@ class Watch:
             return None
         if answer.get("expired"):
             return "expired"
-        clock = self.tick is not None
-        seen = f"{answer['state']}@{answer['tick']}" if clock else answer["state"]
-        drawn = f"{self.state}@{self.tick}" if clock else self.state
-        return None if seen == drawn else seen
+        return None if answer["state"] == self.state else answer["state"]
 
 
 def drawn_watch(msg: ForwardMsg, run: int) -> Watch | None:
@@ -109,7 +105,6 @@ def drawn_watch(msg: ForwardMsg, run: int) -> Watch | None:
         data["url"],
         data["ticket"],
         data["state"],
-        data["tick"],
         data["every_ms"] / 1000,
     )
 

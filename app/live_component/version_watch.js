@@ -59,9 +59,7 @@ function differs(answer, data) {
   if (answer.expired) {
     return "expired";
   }
-  const watched = data.tick === null ? answer.state : `${answer.state}@${answer.tick}`;
-  const drawn = data.tick === null ? data.state : `${data.state}@${data.tick}`;
-  return watched === drawn ? null : watched;
+  return answer.state === data.state ? null : answer.state;
 }
 
 export default function ({ data, key, setTriggerValue }) {
