@@ -23,15 +23,19 @@ only the rerun it causes matters."""
 _watch = st.components.v2.component(COMPONENT, js=SCRIPT.read_text())
 
 
-def watch_version(path: str, subject: str, version: live.Version, *, key: str) -> None:
+def watch_version(
+    path: str, subject: str, version: live.Version, *, key: str, order: int = 0
+) -> None:
     """Reruns the calling fragment once the route at `path` (for a ticket bound to
     `subject`) answers other than `version`; `key` names the watch, one per fragment of a
-    page."""
+    page. Of a page's watches that see the same change, the lowest `order` reruns its
+    fragment first: the one that shows what a viewer waits for (a run's step)."""
     _watch(
         data={
             "url": page_origin() + path,
             "ticket": tab_ticket(tickets.LIVE, subject),
             "state": version.state,
+            "order": order,
             "every_ms": int(live.POLL_SECONDS * 1000),
         },
         key=key,

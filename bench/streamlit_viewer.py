@@ -73,6 +73,7 @@ class Watch:
     url: str
     ticket: str
     state: str
+    order: int
     every_s: float
     asked: str | None = None
 
@@ -84,6 +85,12 @@ class Watch:
         if answer.get("expired"):
             return "expired"
         return None if answer["state"] == self.state else answer["state"]
+
+
+def in_order(watches: Iterable[Watch]) -> list[Watch]:
+    """`watches` in the order their fragments rerun when they see the same change, as the
+    script orders them (version_watch.js): the one that shows a run's step first."""
+    return sorted(watches, key=lambda w: w.order)
 
 
 def drawn_watch(msg: ForwardMsg, run: int) -> Watch | None:
@@ -105,6 +112,7 @@ def drawn_watch(msg: ForwardMsg, run: int) -> Watch | None:
         data["url"],
         data["ticket"],
         data["state"],
+        data["order"],
         data["every_ms"] / 1000,
     )
 
@@ -242,8 +250,7 @@ class Viewer:
 
     async def _watch_versions(self, ws, http) -> None:
         """The page's version watches: one request a round per address (the script shares
-        it among a page's watches), a trigger per watch whose version changed, each after
-        the run of the one before it finished (or REDRAW_WAIT_S)."""
+        it among a page's watches), then their triggers."""
         while True:
             every = min((w.every_s for w in self.watches.values()), default=1.0)
             await asyncio.sleep(every)
@@ -251,17 +258,24 @@ class Viewer:
             for watch in list(self.watches.values()):
                 if watch.url not in answers:
                     answers[watch.url] = await self._ask(http, watch)
-                changed = watch.changed(answers[watch.url])
-                if changed and changed != watch.asked:
-                    watch.asked = changed
-                    trigger = (watch.component, changed)
-                    request = rerun_request(
-                        self.page, self.query, self.page_hash, watch.fragment, self.cache, trigger
-                    )
-                    self.finished.clear()
-                    await ws.send(request)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.finished.wait(), REDRAW_WAIT_S)
+            await self.trigger(ws, answers)
+
+    async def trigger(self, ws, answers: dict[str, dict | None]) -> None:
+        """A trigger per watch whose version differs from the route's answer at its address
+        (`answers`), in their order, each after the run of the one before it finished (or
+        REDRAW_WAIT_S)."""
+        for watch in in_order(self.watches.values()):
+            changed = watch.changed(answers.get(watch.url))
+            if changed and changed != watch.asked:
+                watch.asked = changed
+                trigger = (watch.component, changed)
+                request = rerun_request(
+                    self.page, self.query, self.page_hash, watch.fragment, self.cache, trigger
+                )
+                self.finished.clear()
+                await ws.send(request)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.finished.wait(), REDRAW_WAIT_S)
 
     async def _ask(self, http, watch: Watch) -> dict | None:
         """The route's answer to `watch`'s script: its JSON, `expired` on a 401, None when

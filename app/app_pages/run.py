@@ -58,7 +58,7 @@ def status() -> None:
     if current.status.is_terminal() and not run.status.is_terminal():
         st.rerun(scope="app")  # the run ended: redraw once without the watch
     if live_page:
-        watch_run(state, "status_watch")
+        watch_run(state, "status_watch", order=0)  # the step first
     if current.error:
         show_run_error(current.error)
     events = state.events
@@ -103,10 +103,11 @@ if run.sweep_id is not None:
     )
 
 
-def watch_run(state: live.RunState, key: str) -> None:
-    """Reruns the calling fragment once the run differs from `state` (app/version_watch.py)."""
+def watch_run(state: live.RunState, key: str, order: int) -> None:
+    """Reruns the calling fragment once the run differs from `state` (app/version_watch.py),
+    the fragments of lower `order` first."""
     path, subject = live_route.run_path(run.id), live_route.run_subject(run.id)
-    watch_version(path, subject, state.version, key=key)
+    watch_version(path, subject, state.version, key=key, order=order)
 
 
 live_page = not run.status.is_terminal()
@@ -137,7 +138,7 @@ def live_charts() -> None:
     state = live.run_state(run.id)
     current = state.run
     if live_page:
-        watch_run(state, "charts_watch")
+        watch_run(state, "charts_watch", order=1)
     fitness, figures = live.run_charts_at(
         run.id, current.step, current.status.value, x, smoothing, current
     )

@@ -3,6 +3,7 @@ server's messages and what it asks for, on hand-made protobufs (no server)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pyarrow as pa
@@ -10,7 +11,7 @@ from streamlit.proto.BackMsg_pb2 import BackMsg
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
 from app.version_watch import COMPONENT
-from bench.streamlit_viewer import Viewer, drawn_watch, rerun_request, shown_steps
+from bench.streamlit_viewer import Viewer, drawn_watch, in_order, rerun_request, shown_steps
 
 
 def metric(label: str, body: str, hash_: str = "") -> ForwardMsg:
@@ -63,14 +64,14 @@ def test_a_message_sent_by_reference_is_read_from_the_viewers_copy():
     assert list(viewer.cache) == ["h5"]
 
 
-def watch(component: str, fragment: str) -> ForwardMsg:
+def watch(component: str, fragment: str, order: int = 0) -> ForwardMsg:
     """A version watch as the server draws it (app/version_watch.py)."""
     msg = ForwardMsg()
     msg.delta.fragment_id = fragment
     element = msg.delta.new_element.bidi_component
     element.id, element.component_name = component, COMPONENT
     data = {"url": "/api/live/run/1", "ticket": "t", "state": "|1:running:3:0:0"}
-    element.json = json.dumps({**data, "every_ms": 1000})
+    element.json = json.dumps({**data, "order": order, "every_ms": 1000})
     return msg
 
 
@@ -104,3 +105,33 @@ def test_a_whole_page_drawn_without_a_watch_drops_it():
     viewer.handle(session, 3.0)  # the run ended: the page is drawn again, without a watch
     viewer.handle(ForwardMsg(script_finished=ForwardMsg.FINISHED_SUCCESSFULLY), 3.0)
     assert viewer.watches == {}
+
+
+class Server:
+    """The websocket of a viewer's session: it keeps what the viewer sends and finishes each
+    fragment's run at once."""
+
+    def __init__(self, viewer: Viewer) -> None:
+        self.viewer = viewer
+        self.reruns: list[str] = []  # the fragment of each rerun asked for
+
+    async def send(self, data: bytes) -> None:
+        msg = BackMsg()
+        msg.ParseFromString(data)
+        self.reruns.append(msg.rerun_script.fragment_id)
+        self.viewer.handle(ForwardMsg(script_finished=ForwardMsg.FINISHED_SUCCESSFULLY), 0.0)
+
+
+def test_the_status_reruns_before_the_charts_when_both_see_a_step():
+    """The charts' watch drawn first, as the page may draw them: the status, which shows the
+    step, still reruns first, as in the browser; each once, and not again for the same
+    version."""
+    viewer = Viewer("ws://x", "run", "run=1", lambda step, at: None)
+    viewer.handle(watch("$$ID-b-charts_watch", "charts", order=1), 1.0)
+    viewer.handle(watch("$$ID-a-status_watch", "status", order=0), 1.0)
+    server = Server(viewer)
+    stepped = {"/api/live/run/1": {"state": "|1:running:4:0:0"}}
+    asyncio.run(viewer.trigger(server, stepped))
+    asyncio.run(viewer.trigger(server, stepped))
+    assert server.reruns == ["status", "charts"]
+    assert [w.fragment for w in in_order(viewer.watches.values())] == ["status", "charts"]
