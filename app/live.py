@@ -2,9 +2,10 @@
 the versions that tell a viewer's page when to read it again.
 
 A live page redraws only when what it shows changed: each of its live fragments carries a
-component (app/version_watch.py) that asks the dashboard's route (app/live_route.py) every
-POLL_SECONDS for the Version of what the page shows, and reruns the fragment when that
-differs from the one it was drawn with. A version is a few numbers per run shown (status,
+component (app/version_watch.py) that asks the dashboard's route (app/live_route.py) for
+the Version of what the page shows, which the route holds until it differs from the one the
+page has (app/version_wait.py), and reruns the fragment when that differs from the one it
+was drawn with. A version is a few numbers per run shown (status,
 step, events written, whether the worker is silent: RunSign), with what else the page lists
 (how many runs; a sweep's status); nothing in it moves with the clock alone (a run's elapsed
 time counts in the browser: app/ticking_metric.py). The route's read of it is shared by
@@ -47,9 +48,9 @@ from jobs.store.status import SweepStatus
 from jobs.sweeps.driver import sweep_table
 from jobs.sweeps.spec import SweepSpec
 
-POLL_SECONDS = 1.0
-"""How often a live page asks for its version: a new step shows within this plus
-FRESH_SECONDS (and the rerun that draws it)."""
+POLL_SECONDS = 0.5
+"""How often the version of a page that viewers wait on is read (app/version_wait.py): a
+new step shows within this plus FRESH_SECONDS (and the rerun that draws it)."""
 FRESH_SECONDS = 0.5
 """How old a shared read may be when a viewer is shown it."""
 CHART_ENTRIES = 64

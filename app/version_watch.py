@@ -1,9 +1,9 @@
 """A live page's watch on its version: an invisible component, placed in a fragment, whose
-script (live_component/version_watch.js) asks the live route (app/live_route.py) every
-live.POLL_SECONDS whether what the fragment shows changed, and reruns the fragment (a
-trigger: a widget's event in a fragment reruns only it) when it did. It replaces a timer on
-the fragment: between two steps of a run, nothing runs on the dashboard but the route's
-answers, however many viewers watch."""
+script (live_component/version_watch.js) asks the live route (app/live_route.py) whether
+what the fragment shows changed, a request the route holds until it did (a long poll), and
+reruns the fragment (a trigger: a widget's event in a fragment reruns only it) when it did.
+It replaces a timer on the fragment: between two steps of a run, nothing runs on the
+dashboard but the route's shared read of the version, however many viewers watch."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ COMPONENT = "eslab_version_watch"
 CHANGED = "changed"
 """The trigger's event, as the script sends it: its value (the new version) is not read,
 only the rerun it causes matters."""
+RETRY_SECONDS = 1.0
+"""How long a page waits before asking again when the route did not answer (the dashboard
+restarting) or refused its ticket (until the rerun that this asks for brings a new one)."""
 
 _watch = st.components.v2.component(COMPONENT, js=SCRIPT.read_text())
 
@@ -36,7 +39,7 @@ def watch_version(
             "ticket": tab_ticket(tickets.LIVE, subject),
             "state": version.state,
             "order": order,
-            "every_ms": int(live.POLL_SECONDS * 1000),
+            "retry_ms": int(RETRY_SECONDS * 1000),
         },
         key=key,
     )

@@ -1,14 +1,15 @@
 """One viewer of the dashboard that speaks Streamlit's own websocket protocol instead of
 running a browser: it opens /_stcore/stream, asks for a page (a BackMsg rerun_script with
 the page's name and query string), does what the page's version watches do in a browser
-(app/version_watch.py: ask the live route every second, rerun the watch's fragment with a
-trigger when the answer differs from the version drawn), reruns each fragment on the timer
-the server asks for (ForwardMsg auto_rerun), and reports each run step it is shown.
+(app/version_watch.py: ask the live route for the version, a request it holds until the
+version changes, rerun the watch's fragment with a trigger when the answer differs from the
+version drawn), reruns each fragment on the timer the server asks for (ForwardMsg
+auto_rerun), and reports each run step it is shown.
 
 The server does the same work for it as for a browser (route answers, script runs, element
 encoding, sending), while the viewer's side costs a protobuf parse per message and a small
-HTTP request a second: a load test of many viewers then measures the dashboard, not the
-browsers' rendering."""
+HTTP request per change of the page (or per version_wait.HOLD_SECONDS): a load test of many
+viewers then measures the dashboard, not the browsers' rendering."""
 
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ class Watch:
     ticket: str
     state: str
     order: int
-    every_s: float
+    retry_s: float
     asked: str | None = None
 
     def changed(self, answer: dict | None) -> str | None:
@@ -113,7 +114,7 @@ def drawn_watch(msg: ForwardMsg, run: int) -> Watch | None:
         data["ticket"],
         data["state"],
         data["order"],
-        data["every_ms"] / 1000,
+        data["retry_ms"] / 1000,
     )
 
 
@@ -163,6 +164,7 @@ class Viewer:
         self.watches: dict[str, Watch] = {}  # by component id
         self.runs = 0  # script runs begun (full or fragment), to drop watches no longer drawn
         self.finished = asyncio.Event()  # set when a script run finishes
+        self.watch_drawn = asyncio.Event()  # set when a version watch is drawn
         self.messages = 0
         self.errors = 0
 
@@ -235,6 +237,7 @@ class Viewer:
                     task.cancel()
         if watch := drawn_watch(msg, self.runs):
             self.watches[watch.component] = watch
+            self.watch_drawn.set()
         for step in shown_steps(msg):
             self.on_step(step, now)
 
@@ -249,16 +252,25 @@ class Viewer:
         return msg
 
     async def _watch_versions(self, ws, http) -> None:
-        """The page's version watches: one request a round per address (the script shares
-        it among a page's watches), then their triggers."""
+        """The page's version watches, as the script runs them: one request at a time for
+        all of them (a live page's watches share one address), which the route holds until
+        the version differs from the one it answered last (at once when a watch was drawn
+        from another), then their triggers, and the next request."""
+        known: str | None = None
         while True:
-            every = min((w.every_s for w in self.watches.values()), default=1.0)
-            await asyncio.sleep(every)
-            answers: dict[str, dict | None] = {}
-            for watch in list(self.watches.values()):
-                if watch.url not in answers:
-                    answers[watch.url] = await self._ask(http, watch)
-            await self.trigger(ws, answers)
+            watches = in_order(self.watches.values())
+            if not watches:
+                self.watch_drawn.clear()
+                await self.watch_drawn.wait()
+                continue
+            known = watches[0].state if known is None else known
+            since = known if all(w.state == known for w in watches) else None
+            answer = await self._ask(http, watches[0], since)
+            await self.trigger(ws, {watches[0].url: answer})
+            if answer is None or "state" not in answer:
+                await asyncio.sleep(watches[0].retry_s)
+            else:
+                known = answer["state"]
 
     async def trigger(self, ws, answers: dict[str, dict | None]) -> None:
         """A trigger per watch whose version differs from the route's answer at its address
@@ -277,13 +289,15 @@ class Viewer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.finished.wait(), REDRAW_WAIT_S)
 
-    async def _ask(self, http, watch: Watch) -> dict | None:
-        """The route's answer to `watch`'s script: its JSON, `expired` on a 401, None when
-        it cannot be had (the script asks again next round)."""
+    async def _ask(self, http, watch: Watch, since: str | None) -> dict | None:
+        """The route's answer to `watch`'s script, once the version differs from `since`
+        (at once when None): its JSON, `expired` on a 401, None when it cannot be had (the
+        script asks again after a while)."""
         headers = {"Authorization": f"Bearer {watch.ticket}"}
         url = self.http_url + watch.url if watch.url.startswith("/") else watch.url
+        params = {} if since is None else {"since": since}
         try:
-            async with http.get(url, headers=headers) as response:
+            async with http.get(url, headers=headers, params=params) as response:
                 if response.status == UNAUTHORIZED:
                     return {"expired": True}
                 return await response.json() if response.ok else None

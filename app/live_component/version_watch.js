@@ -1,12 +1,14 @@
 // Asks the dashboard's live route (app/live_route.py) for the version of what this page
-// shows, every data.every_ms, and asks Streamlit to rerun a watch's fragment (a trigger) once
-// the answer differs from the version the fragment was drawn with. One loop per address
-// serves all the watches of the page on it, so that watches that see the same change
-// trigger in their order (data.order: the status, which shows the step, before the charts).
-// Streamlit calls this function again, with the new version, each time the fragment redraws
-// it, but calls the function it returned only when the component leaves the page: so each
-// call replaces the watch of the previous one, else every redraw would leave one more watch
-// asking for reruns with an old version. The module is loaded once per page.
+// shows, and asks Streamlit to rerun a watch's fragment (a trigger) once the answer differs
+// from the version the fragment was drawn with. The route holds a request that names the
+// version last answered (`?since=`) until the version changes, or a while (a long poll), and
+// the page asks again as soon as it has an answer. One loop per address serves all the
+// watches of the page on it, so that watches that see the same change trigger in their order
+// (data.order: the status, which shows the step, before the charts). Streamlit calls this
+// function again, with the new version, each time the fragment redraws it, but calls the
+// function it returned only when the component leaves the page: so each call replaces the
+// watch of the previous one, else every redraw would leave one more watch asking for reruns
+// with an old version. The module is loaded once per page.
 
 const loops = new Map(); // address -> its Loop
 const redraws = new Map(); // component instance key -> the end of the wait for its redraw
@@ -58,19 +60,24 @@ function forgetTrigger(key) {
   }
 }
 
-async function askRoute(url, ticket) {
+async function askRoute(url, ticket, since, signal) {
+  const address = new URL(url);
+  if (since !== null) {
+    address.searchParams.set("since", since);
+  }
   try {
-    const response = await fetch(url, {
+    const response = await fetch(address, {
       headers: { Authorization: `Bearer ${ticket}` },
       cache: "no-store",
       credentials: "same-origin",
+      signal,
     });
     if (response.status === 401) {
       return { expired: true }; // the fragment's rerun mints a new ticket
     }
     return response.ok ? await response.json() : null;
   } catch {
-    return null; // the dashboard is restarting: ask again next round
+    return null; // abandoned, or the dashboard is restarting: ask again after a while
   }
 }
 
@@ -82,21 +89,26 @@ function differs(answer, watch) {
   return answer.state === watch.data.state ? null : answer.state;
 }
 
-// The watches of one address, asking the route one request a round for all of them.
+// The watches of one address, with one request to the route at a time for all of them.
 class Loop {
   constructor(url) {
     this.url = url;
     this.watches = new Map(); // component instance key -> {data, setTriggerValue, asked}
     this.ticket = null; // the newest watch's: an older one may have expired
-    this.timer = null;
+    this.known = null; // the version the route answered last
+    this.asking = null; // the request's AbortController
+    this.timer = null; // the wait before asking again, after no answer
   }
 
   watch(key, data, setTriggerValue) {
     // asked: the version a rerun was asked for, asked once, in case it is slow
     this.watches.set(key, { data, setTriggerValue, asked: null });
     this.ticket = data.ticket;
-    if (this.timer === null) {
-      this.timer = setTimeout(() => this.poll(), data.every_ms);
+    if (this.known === null) {
+      this.known = data.state;
+      this.ask(this.known);
+    } else if (data.state !== this.known) {
+      this.ask(null); // drawn from another version than the one known: the newest, now
     }
   }
 
@@ -104,15 +116,24 @@ class Loop {
     this.watches.delete(key);
     forgetTrigger(key);
     if (this.watches.size === 0) {
-      clearTimeout(this.timer);
+      this.stopAsking();
       loops.delete(this.url);
     }
   }
 
-  async poll() {
-    const answer = await askRoute(this.url, this.ticket);
-    if (loops.get(this.url) !== this) {
-      return; // every watch left the page meanwhile
+  stopAsking() {
+    this.asking?.abort();
+    clearTimeout(this.timer);
+  }
+
+  // Asks for the version once it differs from `since` (at once when null), replacing the
+  // request in progress; triggers the watches drawn from another version, and asks again.
+  async ask(since) {
+    this.stopAsking();
+    const asking = (this.asking = new AbortController());
+    const answer = await askRoute(this.url, this.ticket, since, asking.signal);
+    if (asking.signal.aborted) {
+      return; // replaced, or every watch left the page
     }
     const inOrder = [...this.watches].sort(([, a], [, b]) => a.data.order - b.data.order);
     for (const [key, watch] of inOrder) {
@@ -122,8 +143,13 @@ class Loop {
         triggerInTurn(watch.data.order, key, () => watch.setTriggerValue("changed", changed));
       }
     }
-    const [[, any]] = inOrder;
-    this.timer = setTimeout(() => this.poll(), any.data.every_ms);
+    if (answer?.state === undefined) {
+      const [[, any]] = inOrder;
+      this.timer = setTimeout(() => this.ask(this.known), any.data.retry_ms);
+    } else {
+      this.known = answer.state;
+      this.ask(this.known);
+    }
   }
 }
 

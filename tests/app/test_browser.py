@@ -239,15 +239,18 @@ def test_run_page_redraws_itself_when_the_run_changes(server, browser, seeded_ur
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     frames: list[bytes | str] = []
     page.on("websocket", lambda ws: ws.on("framesent", lambda frame: frames.append(frame)))
+    asks: list[str] = []  # the page's requests for its version
+    page.on("request", lambda r: asks.append(r.url) if "/api/live/" in r.url else None)
     page.goto(f"{server}/run?run=1")
     page.get_by_text("2 / 5").wait_for(timeout=WAIT_MS)
     page.locator("[data-testid='stVegaLiteChart']").first.wait_for(timeout=WAIT_MS)  # drawn
     asked = len(frames)
     assert asked  # the frames are seen: the page's first run was asked for
     elapsed = page.locator(".st-key-elapsed [data-testid='stMetricValue']")
-    counted = elapsed.inner_text()
+    counted, asks_before = elapsed.inner_text(), len(asks)
     time.sleep(3)
     assert len(frames) == asked  # no timer and no clock: nothing changed, nothing asked
+    assert len(asks) - asks_before <= 1  # the route holds the page's ask until a change
     assert elapsed.inner_text() != counted  # the elapsed time counts in the browser
     assert re.fullmatch(r"\d+(m \d\ds|h \d\dm)", elapsed.inner_text())  # as views.duration
     page.screenshot(path=shots / "run-live.png")

@@ -7,6 +7,7 @@ import asyncio
 import json
 
 import pyarrow as pa
+import pytest
 from streamlit.proto.BackMsg_pb2 import BackMsg
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
@@ -71,13 +72,13 @@ def watch(component: str, fragment: str, order: int = 0) -> ForwardMsg:
     element = msg.delta.new_element.bidi_component
     element.id, element.component_name = component, COMPONENT
     data = {"url": "/api/live/run/1", "ticket": "t", "state": "|1:running:3:0:0"}
-    element.json = json.dumps({**data, "order": order, "every_ms": 1000})
+    element.json = json.dumps({**data, "order": order, "retry_ms": 1000})
     return msg
 
 
 def test_a_watch_reruns_its_fragment_with_the_trigger_a_browser_sends():
     charts = drawn_watch(watch("$$ID-b-charts_watch", "frag2"), run=1)
-    assert charts is not None and charts.fragment == "frag2" and charts.every_s == 1.0
+    assert charts is not None and charts.fragment == "frag2" and charts.retry_s == 1.0
     assert charts.changed({"state": "|1:running:3:0:0"}) is None and charts.changed(None) is None
     assert charts.changed({"state": "|1:running:4:0:0"}) == "|1:running:4:0:0"
     assert charts.changed({"expired": True}) == "expired"
@@ -135,3 +136,32 @@ def test_the_status_reruns_before_the_charts_when_both_see_a_step():
     asyncio.run(viewer.trigger(server, stepped))
     assert server.reruns == ["status", "charts"]
     assert [w.fragment for w in in_order(viewer.watches.values())] == ["status", "charts"]
+
+
+class Done(Exception):
+    """The route has no more answers for the test."""
+
+
+def test_the_viewer_asks_since_the_version_it_knows_and_at_once_when_a_watch_is_behind():
+    """As the script: each ask names the version answered last, which the route holds until
+    it changes; a watch drawn from another version makes the next ask immediate (no
+    `since`), and a refused ticket reruns the fragment for a new one."""
+    viewer = Viewer("ws://x", "run", "run=1", lambda step, at: None)
+    viewer.handle(watch("$$ID-a-status_watch", "status"), 1.0)  # drawn at |1:running:3:0:0
+    server = Server(viewer)
+    answers = iter([{"state": "|1:running:3:0:0"}, {"state": "|1:running:4:0:0"}, {"expired": 1}])
+    asked: list[str | None] = []
+
+    async def ask(http, watch, since: str | None) -> dict | None:
+        asked.append(since)
+        answer = next(answers, None)
+        if answer is None:
+            raise Done
+        return answer
+
+    viewer._ask = ask
+    with pytest.raises(Done):
+        asyncio.run(viewer._watch_versions(server, http=None))
+    drawn = "|1:running:3:0:0"
+    assert asked == [drawn, drawn, None, None]  # the held time ran out; a step; behind
+    assert server.reruns == ["status", "status"]  # for the step, then for a new ticket
