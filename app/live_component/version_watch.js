@@ -46,7 +46,7 @@ function triggerNext() {
     if (redraws.get(item.key) === release) {
       redraws.delete(item.key);
     }
-    triggerNext();
+    setTimeout(triggerNext); // not within Streamlit's call of this component
   };
   const timeout = setTimeout(release, REDRAW_WAIT_MS);
   redraws.set(item.key, release);
