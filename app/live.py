@@ -2,14 +2,15 @@
 the versions that tell a viewer's page when to read it again.
 
 A live page redraws only when what it shows changed: each of its live fragments carries a
-component (app/version_watch.py) that asks the dashboard's route (app/live_route.py) every
-POLL_SECONDS for the Version of what the page shows, and reruns the fragment when that
-differs from the one it was drawn with. A version is a few numbers per run shown (status,
+component (app/version_watch.py) that asks the dashboard's route (app/live_route.py) for
+the Version of what the page shows, which the route holds until it differs from the one the
+page has (app/version_wait.py), and reruns the fragment when that differs from the one it
+was drawn with. A version is a few numbers per run shown (status,
 step, events written, whether the worker is silent: RunSign), with what else the page lists
-(how many runs; a sweep's status), plus, for a run's status, a clock that moves every
-TICK_SECONDS so that its elapsed time moves too; the route's read of them is shared by every
-viewer for FRESH_SECONDS. On timers instead, twenty viewers reran twenty fragments a second
-between steps twenty-five seconds apart, on the cores the run trains on
+(how many runs; a sweep's status); nothing in it moves with the clock alone (a run's elapsed
+time counts in the browser: app/ticking_metric.py). The route's read of it is shared by
+every viewer for FRESH_SECONDS. On timers instead, twenty viewers reran twenty fragments a
+second between steps twenty-five seconds apart, on the cores the run trains on
 (bench/dashboard_load.py measured it).
 
 Were each rerun to read the database and encode its charts itself, twenty viewers of one run
@@ -26,7 +27,6 @@ Everything here is shared between sessions: callers must not change what they ar
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -48,14 +48,11 @@ from jobs.store.status import SweepStatus
 from jobs.sweeps.driver import sweep_table
 from jobs.sweeps.spec import SweepSpec
 
-POLL_SECONDS = 1.0
-"""How often a live page asks for its version: a new step shows within this plus
-FRESH_SECONDS (and the rerun that draws it)."""
+POLL_SECONDS = 0.5
+"""How often the version of a page that viewers wait on is read (app/version_wait.py): a
+new step shows within this plus FRESH_SECONDS (and the rerun that draws it)."""
 FRESH_SECONDS = 0.5
 """How old a shared read may be when a viewer is shown it."""
-TICK_SECONDS = 10.0
-"""How often a live run's status redraws when nothing else changed, so that its "Elapsed",
-"Time left" and a silent worker's "No heartbeat for" move; its charts wait for a step."""
 CHART_ENTRIES = 64
 """Runs' chart sets kept (one per run, x-axis and smoothing shown): each is a few hundred
 KB, so memory stays bounded however long the dashboard runs."""
@@ -68,11 +65,9 @@ HEARTBEAT_TIMEOUT = SchedulerSettings.from_env().heartbeat_timeout_seconds
 @dataclass(frozen=True)
 class Version:
     """What a live page shows, in short: `state` changes with a run's status, step, events
-    or worker's silence (and, for the Runs page, with a run added or deleted); `tick` every
-    TICK_SECONDS while a run shown is not over (0 once all are)."""
+    or worker's silence (and, for the Runs page, with a run added or deleted)."""
 
     state: str
-    tick: int
 
 
 def version_of(signs: Sequence[RunSign], now: datetime, listing: str = "") -> Version:
@@ -81,8 +76,7 @@ def version_of(signs: Sequence[RunSign], now: datetime, listing: str = "") -> Ve
     parts = [listing] + [
         f"{s.id}:{s.status.value}:{s.step}:{s.events}:{int(_silent(s, now))}" for s in signs
     ]
-    live = any(not s.status.is_terminal() for s in signs)
-    return Version("|".join(parts), int(time.time() // TICK_SECONDS) if live else 0)
+    return Version("|".join(parts))
 
 
 def _silent(sign: RunSign, now: datetime) -> bool:

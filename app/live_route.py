@@ -1,18 +1,21 @@
 """The dashboard's door for live pages: the version of what a page shows, as JSON.
 
-    GET /api/live/run/RUN       Authorization: Bearer TICKET    -> {"state": ..., "tick": ...}
-    GET /api/live/runs          (the Runs page)
-    GET /api/live/sweep/SWEEP   (a Sweep page)
-    GET /api/live/sweeps        (the Sweeps page, of its newest SWEEPS_SHOWN sweeps)
+    GET /api/live/run/RUN[?since=STATE]  Authorization: Bearer TICKET   -> {"state": ...}
+    GET /api/live/runs                   (the Runs page)
+    GET /api/live/sweep/SWEEP            (a Sweep page)
+    GET /api/live/sweeps                 (the Sweeps page, of its newest SWEEPS_SHOWN sweeps)
 
-A live page asks for it every POLL_SECONDS (app/version_watch.py) and reruns its fragment
-only when the answer differs from the version it was drawn with (app/live.py), so twenty
-viewers cost the dashboard twenty of these a second, not twenty script runs. Each answer
-comes from the read that every viewer shares (app.live.run_version and its kin), done off
-the event loop. What a page shows may be secret, so the ticket (app.tickets, LIVE) comes
-first: minted by the page for its tab's login and bound to what that page shows (one run,
-one sweep, or a list); with logins off, the local login's, as for every route. An expired
-ticket gets 401, which makes the page redraw itself and so mint a new one."""
+With `since` (the version the page has), the answer waits until the version differs from it
+or version_wait.HOLD_SECONDS passed (a long poll, app/version_wait.py); without, it comes at
+once. A live page asks again as soon as it has an answer (app/version_watch.py) and reruns a
+fragment only when the answer differs from the version it was drawn with (app/live.py), so
+between two steps twenty viewers cost the dashboard a request each per HOLD_SECONDS, not
+twenty script runs, nor twenty requests a second. Each answer comes from a read that every
+viewer shares (app.live.run_version and its kin), done off the event loop. What a page shows
+may be secret, so the ticket (app.tickets, LIVE) comes first: minted by the page for its
+tab's login and bound to what that page shows (one run, one sweep, or a list); with logins
+off, the local login's, as for every route. An expired ticket gets 401, which makes the page
+redraw itself and so mint a new one."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from app import live
+from app import live, version_wait
 from app.tickets import LIVE, TicketError, verify
 from app.upload_route import bearer_ticket, refusal
 
@@ -84,7 +87,11 @@ async def _answer(request: Request, subject: str, read: Callable[[], live.Versio
         verify(bearer_ticket(request, LIVE), LIVE, subject)
     except TicketError as exc:
         return refusal(str(exc), exc.status)
-    version = await anyio.to_thread.run_sync(read)
+    since = request.query_params.get("since")
+    if since is None:
+        version = await anyio.to_thread.run_sync(read)
+    else:
+        version = await version_wait.version_after(subject, read, since)
     return JSONResponse(asdict(version), headers={"Cache-Control": "no-store"})
 
 

@@ -235,20 +235,28 @@ def progress(run: RunRecord) -> float:
     return run.step / run.total_steps if run.total_steps else 0.0
 
 
-def elapsed(run: RunRecord) -> float | None:
-    """Seconds the run has been running (to its end once it has finished)."""
+def elapsed(run: RunRecord, now: datetime | None = None) -> float | None:
+    """Seconds the run has been running (to its end once it has finished), as of `now` (the
+    database's time, in which it started; this host's clock when not given)."""
     if run.started_at is None:
         return None
-    end = run.finished_at or datetime.now(UTC)
+    end = run.finished_at or now or datetime.now(UTC)
     return max(0.0, (end - run.started_at).total_seconds())
 
 
-def eta(run: RunRecord) -> float | None:
-    """Seconds left at the pace so far (None before the first step or after the end)."""
-    spent = elapsed(run)
+def eta(run: RunRecord, now: datetime | None = None) -> float | None:
+    """Seconds left at the pace so far, as of `now` (as `elapsed`); None before the first
+    step or after the end."""
+    spent = elapsed(run, now)
     if spent is None or not run.step or not run.total_steps or run.status.is_terminal():
         return None
     return spent / run.step * max(0, run.total_steps - run.step)
+
+
+def utc_time(moment: datetime) -> str:
+    """A moment as a page that is not redrawn as time passes says it: `2026-11-29 18:20:31
+    UTC`, true however long ago it was."""
+    return f"{moment.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
 
 
 def duration(seconds: float | None) -> str:

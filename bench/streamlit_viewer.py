@@ -1,14 +1,15 @@
 """One viewer of the dashboard that speaks Streamlit's own websocket protocol instead of
 running a browser: it opens /_stcore/stream, asks for a page (a BackMsg rerun_script with
 the page's name and query string), does what the page's version watches do in a browser
-(app/version_watch.py: ask the live route every second, rerun the watch's fragment with a
-trigger when the answer differs from the version drawn), reruns each fragment on the timer
-the server asks for (ForwardMsg auto_rerun), and reports each run step it is shown.
+(app/version_watch.py: ask the live route for the version, a request it holds until the
+version changes, rerun the watch's fragment with a trigger when the answer differs from the
+version drawn), reruns each fragment on the timer the server asks for (ForwardMsg
+auto_rerun), and reports each run step it is shown.
 
 The server does the same work for it as for a browser (route answers, script runs, element
 encoding, sending), while the viewer's side costs a protobuf parse per message and a small
-HTTP request a second: a load test of many viewers then measures the dashboard, not the
-browsers' rendering."""
+HTTP request per change of the page (or per version_wait.HOLD_SECONDS): a load test of many
+viewers then measures the dashboard, not the browsers' rendering."""
 
 from __future__ import annotations
 
@@ -73,8 +74,8 @@ class Watch:
     url: str
     ticket: str
     state: str
-    tick: int | None
-    every_s: float
+    order: int
+    retry_s: float
     asked: str | None = None
 
     def changed(self, answer: dict | None) -> str | None:
@@ -84,10 +85,13 @@ class Watch:
             return None
         if answer.get("expired"):
             return "expired"
-        clock = self.tick is not None
-        seen = f"{answer['state']}@{answer['tick']}" if clock else answer["state"]
-        drawn = f"{self.state}@{self.tick}" if clock else self.state
-        return None if seen == drawn else seen
+        return None if answer["state"] == self.state else answer["state"]
+
+
+def in_order(watches: Iterable[Watch]) -> list[Watch]:
+    """`watches` in the order their fragments rerun when they see the same change, as the
+    script orders them (version_watch.js): the one that shows a run's step first."""
+    return sorted(watches, key=lambda w: w.order)
 
 
 def drawn_watch(msg: ForwardMsg, run: int) -> Watch | None:
@@ -109,8 +113,8 @@ def drawn_watch(msg: ForwardMsg, run: int) -> Watch | None:
         data["url"],
         data["ticket"],
         data["state"],
-        data["tick"],
-        data["every_ms"] / 1000,
+        data["order"],
+        data["retry_ms"] / 1000,
     )
 
 
@@ -160,6 +164,7 @@ class Viewer:
         self.watches: dict[str, Watch] = {}  # by component id
         self.runs = 0  # script runs begun (full or fragment), to drop watches no longer drawn
         self.finished = asyncio.Event()  # set when a script run finishes
+        self.watch_drawn = asyncio.Event()  # set when a version watch is drawn
         self.messages = 0
         self.errors = 0
 
@@ -232,6 +237,7 @@ class Viewer:
                     task.cancel()
         if watch := drawn_watch(msg, self.runs):
             self.watches[watch.component] = watch
+            self.watch_drawn.set()
         for step in shown_steps(msg):
             self.on_step(step, now)
 
@@ -246,35 +252,52 @@ class Viewer:
         return msg
 
     async def _watch_versions(self, ws, http) -> None:
-        """The page's version watches: one request a round per address (the script shares
-        it among a page's watches), a trigger per watch whose version changed, each after
-        the run of the one before it finished (or REDRAW_WAIT_S)."""
+        """The page's version watches, as the script runs them: one request at a time for
+        all of them (a live page's watches share one address), which the route holds until
+        the version differs from the one it answered last (at once when a watch was drawn
+        from another), then their triggers, and the next request."""
+        known: str | None = None
         while True:
-            every = min((w.every_s for w in self.watches.values()), default=1.0)
-            await asyncio.sleep(every)
-            answers: dict[str, dict | None] = {}
-            for watch in list(self.watches.values()):
-                if watch.url not in answers:
-                    answers[watch.url] = await self._ask(http, watch)
-                changed = watch.changed(answers[watch.url])
-                if changed and changed != watch.asked:
-                    watch.asked = changed
-                    trigger = (watch.component, changed)
-                    request = rerun_request(
-                        self.page, self.query, self.page_hash, watch.fragment, self.cache, trigger
-                    )
-                    self.finished.clear()
-                    await ws.send(request)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.finished.wait(), REDRAW_WAIT_S)
+            watches = in_order(self.watches.values())
+            if not watches:
+                self.watch_drawn.clear()
+                await self.watch_drawn.wait()
+                continue
+            known = watches[0].state if known is None else known
+            since = known if all(w.state == known for w in watches) else None
+            answer = await self._ask(http, watches[0], since)
+            await self.trigger(ws, {watches[0].url: answer})
+            if answer is None or "state" not in answer:
+                await asyncio.sleep(watches[0].retry_s)
+            else:
+                known = answer["state"]
 
-    async def _ask(self, http, watch: Watch) -> dict | None:
-        """The route's answer to `watch`'s script: its JSON, `expired` on a 401, None when
-        it cannot be had (the script asks again next round)."""
+    async def trigger(self, ws, answers: dict[str, dict | None]) -> None:
+        """A trigger per watch whose version differs from the route's answer at its address
+        (`answers`), in their order, each after the run of the one before it finished (or
+        REDRAW_WAIT_S)."""
+        for watch in in_order(self.watches.values()):
+            changed = watch.changed(answers.get(watch.url))
+            if changed and changed != watch.asked:
+                watch.asked = changed
+                trigger = (watch.component, changed)
+                request = rerun_request(
+                    self.page, self.query, self.page_hash, watch.fragment, self.cache, trigger
+                )
+                self.finished.clear()
+                await ws.send(request)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.finished.wait(), REDRAW_WAIT_S)
+
+    async def _ask(self, http, watch: Watch, since: str | None) -> dict | None:
+        """The route's answer to `watch`'s script, once the version differs from `since`
+        (at once when None): its JSON, `expired` on a 401, None when it cannot be had (the
+        script asks again after a while)."""
         headers = {"Authorization": f"Bearer {watch.ticket}"}
         url = self.http_url + watch.url if watch.url.startswith("/") else watch.url
+        params = {} if since is None else {"since": since}
         try:
-            async with http.get(url, headers=headers) as response:
+            async with http.get(url, headers=headers, params=params) as response:
                 if response.status == UNAUTHORIZED:
                     return {"expired": True}
                 return await response.json() if response.ok else None

@@ -35,6 +35,16 @@ def silent_seconds(run: Beating, now: datetime) -> float | None:
     return (now - last).total_seconds()
 
 
+def silent_since(run: Beating, timeout: float, now: datetime) -> datetime | None:
+    """The live run's worker's last sign of life, once it is older than the timeout; None
+    otherwise. A page that is not redrawn as time passes can say since when, which stays
+    true, where "for how long" would not."""
+    silent = silent_seconds(run, now)
+    if silent is None or silent <= timeout:
+        return None
+    return run.heartbeat_at or run.started_at
+
+
 def stale_for(run: RunRecord, timeout: float, now: datetime) -> str | None:
     """How long the live run's worker has been silent, in words, once that is past the
     timeout; None otherwise. Without `eslab serve`, nothing ends a run whose worker was

@@ -11,6 +11,7 @@ from app.alignment_view import alignment_view
 from app.checkpoints_view import checkpoints_tab
 from app.samples_view import Scope, lbes_view, sample_inspector
 from app.state import get_store
+from app.ticking_metric import ticking_duration
 from app.version_watch import watch_version
 from app.views import (
     MISSING,
@@ -26,8 +27,9 @@ from app.views import (
     show_error,
     show_run_error,
     smoothing_param,
+    utc_time,
 )
-from jobs.liveness import in_words, stale_for
+from jobs.liveness import silent_since
 from jobs.phases import current_phase, engine_places
 from jobs.scheduler import SchedulerSettings
 from jobs.store.errors import StoreError
@@ -48,38 +50,42 @@ except StoreError as exc:
 
 
 def status() -> None:
-    """Status; redraws itself while the run is live when it changes or its clock moves, on
-    the state all its viewers share (app/live.py). A failed run's error comes first; a run
-    whose engine is starting says so, and for how long."""
+    """Status; redraws itself while the run is live when it changes, on the state all its
+    viewers share (app/live.py), and counts its elapsed time in the browser meanwhile. A
+    failed run's error comes first; a run whose engine is starting says so, and since when."""
     state = live.run_state(run.id)
     current = state.run
     if current.status.is_terminal() and not run.status.is_terminal():
         st.rerun(scope="app")  # the run ended: redraw once without the watch
     if live_page:
-        watch_run(state, "status_watch", clock=True)
+        watch_run(state, "status_watch", order=0)  # the step first
     if current.error:
         show_run_error(current.error)
     events = state.events
     phase = current_phase(current, events)
+    spent = elapsed(current, state.now)
     c1, c2, c3, c4 = st.columns(4)
     c1.metric("Status", phase.name if phase else current.status.value)
     c2.metric("Step", f"{current.step} / {current.total_steps or '?'}")
-    c3.metric("Elapsed", duration(elapsed(current)))
-    c4.metric("Time left", duration(eta(current)))
+    with c3:
+        if live_page and spent is not None:
+            ticking_duration("Elapsed", spent, key="elapsed")
+        else:
+            st.metric("Elapsed", duration(spent))
+    c4.metric("Time left", duration(eta(current, state.now)))
     if phase:
         st.info(
-            f"Starting engine for {in_words(phase.seconds())}: the model is loading into the "
+            f"Starting engine since {utc_time(phase.since)}: the model is loading into the "
             "engine (tens of seconds on a CPU); the first step follows."
         )
     if places := engine_places(events):
         label = "Engine" if len(places) == 1 else f"{len(places)} engines"
         st.caption(f"{label}: " + " · ".join(inert(p) for p in places))
-    silent = stale_for(current, HEARTBEAT_TIMEOUT, state.now)
-    if silent:
+    if silent := silent_since(current, HEARTBEAT_TIMEOUT, state.now):
         st.warning(
-            f"No heartbeat from this run's worker for {silent}: it may be gone. `eslab serve` "
-            "ends such a run once ESLAB_HEARTBEAT_TIMEOUT_S has passed; until one runs, the "
-            f"run stays {current.status.value}."
+            f"No heartbeat from this run's worker since {utc_time(silent)}: it may be gone. "
+            "`eslab serve` ends such a run once ESLAB_HEARTBEAT_TIMEOUT_S has passed; until "
+            f"one runs, the run stays {current.status.value}."
         )
 
 
@@ -97,10 +103,11 @@ if run.sweep_id is not None:
     )
 
 
-def watch_run(state: live.RunState, key: str, *, clock: bool) -> None:
-    """Reruns the calling fragment once the run differs from `state` (app/version_watch.py)."""
+def watch_run(state: live.RunState, key: str, order: int) -> None:
+    """Reruns the calling fragment once the run differs from `state` (app/version_watch.py),
+    the fragments of lower `order` first."""
     path, subject = live_route.run_path(run.id), live_route.run_subject(run.id)
-    watch_version(path, subject, state.version, clock=clock, key=key)
+    watch_version(path, subject, state.version, key=key, order=order)
 
 
 live_page = not run.status.is_terminal()
@@ -127,11 +134,11 @@ x = X_AXES[axis]
 
 def live_charts() -> None:
     """The charts, built once per recorded step for all viewers (app/live.py); redrawn
-    when the run changes, not on the status's clock (each redraw sends every chart's data)."""
+    when the run changes."""
     state = live.run_state(run.id)
     current = state.run
     if live_page:
-        watch_run(state, "charts_watch", clock=False)
+        watch_run(state, "charts_watch", order=1)
     fitness, figures = live.run_charts_at(
         run.id, current.step, current.status.value, x, smoothing, current
     )

@@ -111,9 +111,7 @@ def table_and_actions(refreshing: bool) -> None:
     if refreshing and not any_live(shown):
         st.rerun(scope="app")  # the last live run ended: redraw once without the watch
     if refreshing:
-        watch_version(
-            live_route.RUNS_PATH, live_route.RUNS_SUBJECT, version, clock=False, key="runs_watch"
-        )
+        watch_version(live_route.RUNS_PATH, live_route.RUNS_SUBJECT, version, key="runs_watch")
     table = listing.table
     event = st.dataframe(
         table,

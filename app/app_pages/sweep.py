@@ -51,7 +51,7 @@ def live_part() -> None:
         st.rerun(scope="app")  # the sweep ended: redraw once without the watch
     if sweep.status is SweepStatus.ACTIVE:
         path, subject = live_route.sweep_path(sweep.id), live_route.sweep_subject(sweep.id)
-        watch_version(path, subject, version, clock=False, key="sweep_watch")
+        watch_version(path, subject, version, key="sweep_watch")
     done = sweep_view.progress(table, spec.budget)
     columns = st.columns(6)
     for column, title, value in (

@@ -25,7 +25,7 @@ def listing(refreshing: bool) -> None:
         st.rerun(scope="app")  # the last active sweep ended: redraw once without the watch
     if refreshing:
         path, subject = live_route.SWEEPS_PATH, live_route.SWEEPS_SUBJECT
-        watch_version(path, subject, version, clock=False, key="sweeps_watch")
+        watch_version(path, subject, version, key="sweeps_watch")
     st.dataframe(
         table,
         hide_index=True,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-from app import live, live_route, tickets
+from app import live, live_route, tickets, ticking_metric, version_watch
 from engine import metrics as mk
 from engine.sink import StepReport
 from jobs.store.status import RunStatus
@@ -80,24 +80,43 @@ def test_the_run_page_draws_the_shared_charts(store):
     assert all(chart.proto.datasets for chart in charts)
 
 
-def watches_of(run_id: int) -> list[dict]:
-    """What the Run page of `run_id` gives its version watches."""
+def components_of(run_id: int, name: str) -> list[dict]:
+    """What the Run page of `run_id` gives its components `name`."""
     at = AppTest.from_file(MAIN, default_timeout=60)
     at.query_params["run"] = str(run_id)
     at.switch_page("app_pages/run.py")
     at.run()
     assert not at.exception
-    return [json.loads(w.proto.json) for w in at.get("bidi_component")]
+    return [
+        json.loads(c.proto.json) for c in at.get("bidi_component") if c.proto.component_name == name
+    ]
+
+
+def watches_of(run_id: int) -> list[dict]:
+    return components_of(run_id, version_watch.COMPONENT)
 
 
 def test_a_live_run_page_watches_its_version_and_a_finished_one_does_not(store):
     status, charts = watches_of(1)
     version = live.run_version(1)
     assert status["state"] == charts["state"] == version.state
-    assert status["tick"] in (version.tick - 1, version.tick)  # drawn before, maybe a tick
-    assert charts["tick"] is None  # the charts wait for a step
     assert status["url"].endswith(live_route.run_path(1))
     tickets.verify(status["ticket"], tickets.LIVE, live_route.run_subject(1))
     store.set_status(1, RunStatus.SUCCEEDED)
     live.forget([1])
     assert watches_of(1) == []
+
+
+def test_a_live_runs_elapsed_time_counts_in_the_browser_from_the_databases_time(store):
+    """The status's "Elapsed" goes on counting without a rerun (what the count looks like,
+    tests/app/test_browser.py); it starts from the run's time as of the database's clock,
+    which its start was written in. A finished run's stands still."""
+    run = store.get_run(1)
+    before = (store.database_now() - run.started_at).total_seconds()
+    [ticker] = components_of(1, ticking_metric.COMPONENT)
+    after = (store.database_now() - run.started_at).total_seconds()
+    assert before - live.FRESH_SECONDS <= ticker["seconds"] <= after
+    assert ticker["container"] == "st-key-elapsed"
+    store.set_status(1, RunStatus.SUCCEEDED)
+    live.forget([1])
+    assert components_of(1, ticking_metric.COMPONENT) == []

@@ -8,13 +8,14 @@ the page, a viewer's included, expired or forged ones refused with 401."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from app import auth, live, live_route, tickets
+from app import auth, live, live_route, tickets, version_wait
 from engine import metrics as mk
 from engine.sink import StepReport
 from jobs.store.status import RunStatus, SweepStatus
@@ -59,23 +60,14 @@ def test_a_runs_version_changes_with_its_steps_events_status_and_silence(
     store.heartbeat(1)
     assert run_version(client)["state"] == after_event["state"]
     store.set_status(1, RunStatus.SUCCEEDED)
-    ended = run_version(client)
-    assert ended["state"] != after_event["state"] and ended["tick"] == 0  # no clock to move
-
-
-def test_a_live_runs_clock_moves_every_tick(client, monkeypatch):
-    monkeypatch.setattr(live, "TICK_SECONDS", 0.5)
-    first = run_version(client)
-    time.sleep(0.6)
-    later = run_version(client)
-    assert later["state"] == first["state"] and later["tick"] > first["tick"]
+    assert run_version(client)["state"] != after_event["state"]
 
 
 def test_the_route_answers_the_version_the_page_draws(client, store):
     store.add_event(1, "info", "engine ready")
     clear_streamlit_caches()
     drawn = live.run_state(1).version  # what the Run page gives its watch
-    assert run_version(client) == {"state": drawn.state, "tick": drawn.tick}
+    assert run_version(client) == {"state": drawn.state}
 
 
 def version_at(client: TestClient, path: str, subject: str) -> dict:
@@ -162,3 +154,78 @@ def test_without_logins_the_local_login_needs_a_ticket_too(store):
     ticket = tickets.mint(tickets.local_session(), tickets.LIVE, live_route.RUNS_SUBJECT)
     reply = client.get(live_route.RUNS_PATH, headers={"Authorization": f"Bearer {ticket}"})
     assert reply.status_code == 200 and "state" in reply.json()
+
+
+# -- long polls: a request that names the version the page has is held until it changes ------
+
+
+def held(client: TestClient, since: str, results: list[tuple[dict, float]]) -> threading.Thread:
+    """A viewer's request for run 1's version `since`, in a thread: its answer and how long
+    it took land in `results`."""
+    ticket = ticket_of("vi", tickets.LIVE, live_route.run_subject(1))
+
+    def ask() -> None:
+        started = time.monotonic()
+        reply = client.get(
+            live_route.run_path(1),
+            params={"since": since},
+            headers={"Authorization": f"Bearer {ticket}"},
+        )
+        assert reply.status_code == 200, reply.text
+        results.append((reply.json(), time.monotonic() - started))
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    return thread
+
+
+def test_a_held_request_is_answered_when_the_version_changes(client, store):
+    first = run_version(client)
+    results: list[tuple[dict, float]] = []
+    with TestClient(Starlette(routes=live_route.ROUTES)) as holding:
+        asking = held(holding, first["state"], results)
+        time.sleep(2 * live.POLL_SECONDS + live.FRESH_SECONDS)
+        assert results == []  # nothing changed: still held
+        store.record_step(1, StepReport(step=3, metrics={mk.reward_key(mk.TRAIN): 0.5}))
+        changed_at = time.monotonic()
+        asking.join(timeout=10)
+        answered_after = time.monotonic() - changed_at
+    [(answer, _)] = results
+    assert answer["state"] != first["state"]
+    assert answered_after < live.POLL_SECONDS + live.FRESH_SECONDS + 1.0
+
+
+def test_a_held_request_is_answered_at_its_time_limit_and_an_old_version_at_once(
+    client, monkeypatch
+):
+    monkeypatch.setattr(version_wait, "HOLD_SECONDS", 1.5)
+    first = run_version(client)
+    results: list[tuple[dict, float]] = []
+    with TestClient(Starlette(routes=live_route.ROUTES)) as holding:
+        held(holding, first["state"], results).join(timeout=10)
+        held(holding, "an older version", results).join(timeout=10)
+    [(unchanged, waited), (newer, at_once)] = results
+    assert unchanged == first and 1.5 <= waited < 5  # the page asks again
+    assert newer == first and at_once < 1.0
+
+
+def test_held_requests_share_one_read_of_the_version(client, monkeypatch):
+    """Twenty viewers held on one run: the version is read (a thread each time, and a
+    database query when the shared read is old) once per POLL_SECONDS for them all, not
+    once per viewer."""
+    monkeypatch.setattr(version_wait, "HOLD_SECONDS", 2.0)
+    first = run_version(client)
+    reads: list[int] = []
+    read = live.run_version
+    monkeypatch.setattr(live, "run_version", lambda run_id: reads.append(run_id) or read(run_id))
+    results: list[tuple[dict, float]] = []
+    with TestClient(Starlette(routes=live_route.ROUTES)) as holding:
+        for viewer in [held(holding, first["state"], results) for _ in range(20)]:
+            viewer.join(timeout=10)
+    assert len(results) == 20 and all(answer == first for answer, _ in results)
+    assert len(reads) <= 2.0 / live.POLL_SECONDS + 2, len(reads)
+
+
+def test_a_held_request_needs_a_ticket_too(client):
+    reply = client.get(live_route.run_path(1), params={"since": "x"})
+    assert reply.status_code == 401 and "state" not in reply.text

@@ -3,14 +3,16 @@ server's messages and what it asks for, on hand-made protobufs (no server)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pyarrow as pa
+import pytest
 from streamlit.proto.BackMsg_pb2 import BackMsg
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
 from app.version_watch import COMPONENT
-from bench.streamlit_viewer import Viewer, drawn_watch, rerun_request, shown_steps
+from bench.streamlit_viewer import Viewer, drawn_watch, in_order, rerun_request, shown_steps
 
 
 def metric(label: str, body: str, hash_: str = "") -> ForwardMsg:
@@ -63,27 +65,23 @@ def test_a_message_sent_by_reference_is_read_from_the_viewers_copy():
     assert list(viewer.cache) == ["h5"]
 
 
-def watch(component: str, fragment: str, tick: int | None = None) -> ForwardMsg:
+def watch(component: str, fragment: str, order: int = 0) -> ForwardMsg:
     """A version watch as the server draws it (app/version_watch.py)."""
     msg = ForwardMsg()
     msg.delta.fragment_id = fragment
     element = msg.delta.new_element.bidi_component
     element.id, element.component_name = component, COMPONENT
     data = {"url": "/api/live/run/1", "ticket": "t", "state": "|1:running:3:0:0"}
-    element.json = json.dumps({**data, "tick": tick, "every_ms": 1000})
+    element.json = json.dumps({**data, "order": order, "retry_ms": 1000})
     return msg
 
 
 def test_a_watch_reruns_its_fragment_with_the_trigger_a_browser_sends():
-    status = drawn_watch(watch("$$ID-a-status_watch", "frag1", tick=7), run=1)
-    assert status is not None and status.fragment == "frag1" and status.every_s == 1.0
-    same = {"state": "|1:running:3:0:0", "tick": 7}
-    assert status.changed(same) is None and status.changed(None) is None
-    assert status.changed({**same, "tick": 8}) == "|1:running:3:0:0@8"  # its clock moved
-    assert status.changed({"expired": True}) == "expired"
     charts = drawn_watch(watch("$$ID-b-charts_watch", "frag2"), run=1)
-    assert charts is not None and charts.changed({**same, "tick": 8}) is None  # no clock
-    assert charts.changed({"state": "|1:running:4:0:0", "tick": 8}) == "|1:running:4:0:0"
+    assert charts is not None and charts.fragment == "frag2" and charts.retry_s == 1.0
+    assert charts.changed({"state": "|1:running:3:0:0"}) is None and charts.changed(None) is None
+    assert charts.changed({"state": "|1:running:4:0:0"}) == "|1:running:4:0:0"
+    assert charts.changed({"expired": True}) == "expired"
     assert drawn_watch(metric("Step", "1 / 2"), run=1) is None
     msg = BackMsg()
     msg.ParseFromString(rerun_request("run", "run=1", "abc", "frag2", (), ("$$ID-b", "v")))
@@ -108,3 +106,62 @@ def test_a_whole_page_drawn_without_a_watch_drops_it():
     viewer.handle(session, 3.0)  # the run ended: the page is drawn again, without a watch
     viewer.handle(ForwardMsg(script_finished=ForwardMsg.FINISHED_SUCCESSFULLY), 3.0)
     assert viewer.watches == {}
+
+
+class Server:
+    """The websocket of a viewer's session: it keeps what the viewer sends and finishes each
+    fragment's run at once."""
+
+    def __init__(self, viewer: Viewer) -> None:
+        self.viewer = viewer
+        self.reruns: list[str] = []  # the fragment of each rerun asked for
+
+    async def send(self, data: bytes) -> None:
+        msg = BackMsg()
+        msg.ParseFromString(data)
+        self.reruns.append(msg.rerun_script.fragment_id)
+        self.viewer.handle(ForwardMsg(script_finished=ForwardMsg.FINISHED_SUCCESSFULLY), 0.0)
+
+
+def test_the_status_reruns_before_the_charts_when_both_see_a_step():
+    """The charts' watch drawn first, as the page may draw them: the status, which shows the
+    step, still reruns first, as in the browser; each once, and not again for the same
+    version."""
+    viewer = Viewer("ws://x", "run", "run=1", lambda step, at: None)
+    viewer.handle(watch("$$ID-b-charts_watch", "charts", order=1), 1.0)
+    viewer.handle(watch("$$ID-a-status_watch", "status", order=0), 1.0)
+    server = Server(viewer)
+    stepped = {"/api/live/run/1": {"state": "|1:running:4:0:0"}}
+    asyncio.run(viewer.trigger(server, stepped))
+    asyncio.run(viewer.trigger(server, stepped))
+    assert server.reruns == ["status", "charts"]
+    assert [w.fragment for w in in_order(viewer.watches.values())] == ["status", "charts"]
+
+
+class Done(Exception):
+    """The route has no more answers for the test."""
+
+
+def test_the_viewer_asks_since_the_version_it_knows_and_at_once_when_a_watch_is_behind():
+    """As the script: each ask names the version answered last, which the route holds until
+    it changes; a watch drawn from another version makes the next ask immediate (no
+    `since`), and a refused ticket reruns the fragment for a new one."""
+    viewer = Viewer("ws://x", "run", "run=1", lambda step, at: None)
+    viewer.handle(watch("$$ID-a-status_watch", "status"), 1.0)  # drawn at |1:running:3:0:0
+    server = Server(viewer)
+    answers = iter([{"state": "|1:running:3:0:0"}, {"state": "|1:running:4:0:0"}, {"expired": 1}])
+    asked: list[str | None] = []
+
+    async def ask(http, watch, since: str | None) -> dict | None:
+        asked.append(since)
+        answer = next(answers, None)
+        if answer is None:
+            raise Done
+        return answer
+
+    viewer._ask = ask
+    with pytest.raises(Done):
+        asyncio.run(viewer._watch_versions(server, http=None))
+    drawn = "|1:running:3:0:0"
+    assert asked == [drawn, drawn, None, None]  # the held time ran out; a step; behind
+    assert server.reruns == ["status", "status"]  # for the step, then for a new ticket
