@@ -40,7 +40,7 @@ from app import run_charts, sweep_view
 from app.state import get_store
 from app.views import MISSING, mode, model_name, progress, task_name
 from engine import metrics as mk
-from jobs.liveness import silent_seconds
+from jobs.liveness import silent_since
 from jobs.phases import phase_of, status_text
 from jobs.scheduler import SchedulerSettings
 from jobs.store.records import EventRecord, RunRecord, RunSign, SweepRecord
@@ -80,8 +80,8 @@ def version_of(signs: Sequence[RunSign], now: datetime, listing: str = "") -> Ve
 
 
 def _silent(sign: RunSign, now: datetime) -> bool:
-    seconds = silent_seconds(sign, now)
-    return seconds is not None and seconds > HEARTBEAT_TIMEOUT
+    """Whether the Run page would warn of a silent worker (it asks the same question)."""
+    return silent_since(sign, HEARTBEAT_TIMEOUT, now) is not None
 
 
 @dataclass(frozen=True)
