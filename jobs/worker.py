@@ -53,6 +53,8 @@ from jobs.store.status import RunStatus
 from jobs.store.store import Store
 
 log = logging.getLogger("jobs.worker")
+# Said alike whether the heartbeat or a write of the step hears first that the attempt is over
+_STOPS_AND_RECORDS_NOTHING = "this worker stops now and records nothing"
 
 DEFAULT_TRAIN = "engine.trainer:train"
 TRAIN_VARIABLE = "ESLAB_WORKER_TRAIN"
@@ -234,7 +236,12 @@ class Worker:
             return 1
         checkpoint = latest_checkpoint(self.store, run.id)
         resume_from = self.resume_from or (checkpoint.path if checkpoint else None)
-        if not self.foreground and not self.store.start_run(run.id, attempt=attempt):
+        takes_pool = accepts(train, "pool")
+        # A run that starts its engine is shown in that phase from its first moment running
+        first_phase = phases.STARTING_ENGINE if takes_pool else None
+        if not self.foreground and not self.store.start_run(
+            run.id, attempt=attempt, event=first_phase
+        ):
             log.info("run %s was cancelled or resumed before attempt %s started", run.id, attempt)
             return 0
         self.run_id = run.id
@@ -258,7 +265,7 @@ class Worker:
         previous = self._install_signal_handlers()
         heartbeat.start()
         try:
-            return self._train(outcome, config, train, sink, kwargs)
+            return self._train(outcome, config, train, sink, kwargs, takes_pool)
         finally:
             heartbeat.close()
             self._handling_signals = False
@@ -273,6 +280,7 @@ class Worker:
         train: TrainFunction,
         sink: StoppingSink,
         kwargs: dict[str, Any],
+        takes_pool: bool,
     ) -> int:
         """Train and record the outcome. The engine is started here rather than by the
         trainer so that the outcome is recorded before it is released (see release_engine)."""
@@ -281,12 +289,12 @@ class Worker:
                 # Who to look for if the run is declared dead while the process lives on.
                 where = f"process {os.getpid()} on {socket.gethostname()}"
                 sink.log_event("info", f"`eslab train` runs this attempt in {where}")
-            if accepts(train, "pool"):
-                kwargs["pool"] = self._start_engine(config, sink)
+            if takes_pool:
+                kwargs["pool"] = self._start_engine(config, sink, announced=not self.foreground)
                 self._keep_signal_handlers()
             output = train(config, sink, **kwargs)
         except StaleAttemptError as exc:
-            log.error("%s; this worker stops and records nothing", exc)
+            log.error("%s; %s", exc, _STOPS_AND_RECORDS_NOTHING)
             return 1
         except BaseException as exc:
             if isinstance(exc, SystemExit) and exc.code in STOPPING_SIGNALS:
@@ -300,10 +308,12 @@ class Worker:
         outcome.succeeded(output)
         return 0
 
-    def _start_engine(self, config: Any, sink: StoppingSink) -> Any:
+    def _start_engine(self, config: Any, sink: StoppingSink, *, announced: bool) -> Any:
         """The engine pool, its start noted in the run's events (jobs.phases) so that the
-        dashboard says "starting engine" for the tens of seconds it takes."""
-        sink.log_event("info", phases.STARTING_ENGINE)
+        dashboard says "starting engine" for the tens of seconds it takes. `announced`: the
+        phase's event was written as the run started (Store.start_run)."""
+        if not announced:
+            sink.log_event("info", phases.STARTING_ENGINE)
         started = time.monotonic()
         pool = self.start_pool(config, sink)
         seconds = time.monotonic() - started
@@ -360,7 +370,7 @@ class Worker:
         """This attempt may no longer write (its heartbeat was refused): exit now, from the
         heartbeat thread, because the main thread may be deep in a step that ends with a
         checkpoint folder written where the next attempt writes its own."""
-        log.error("%s; this worker stops now and records nothing", why)
+        log.error("%s; %s", why, _STOPS_AND_RECORDS_NOTHING)
         logging.shutdown()
         os._exit(1)
 

@@ -73,14 +73,18 @@ class RunQueue(StoreBase):
             row = find_run(s, run)
             compare_and_set(s, row.id, [RunStatus.QUEUED], {"ray_submission_id": None})
 
-    def start_run(self, run: int | str, *, attempt: int | None = None) -> bool:
-        """queued -> running, as the worker of `attempt` starts; False when the run was
-        cancelled first, or is no longer at that attempt (a Ray job of an attempt that was
-        cancelled while queued and then resumed, started late)."""
+    def start_run(
+        self, run: int | str, *, attempt: int | None = None, event: str | None = None
+    ) -> bool:
+        """queued -> running, as the worker of `attempt` starts, with `event` as the
+        running run's first event in the same transaction (the phase it starts in: no
+        reader sees it running with no phase first); False when the run was cancelled
+        first, or is no longer at that attempt (a Ray job of an attempt that was cancelled
+        while queued and then resumed, started late)."""
         with self._session() as s:
             row = find_run(s, run)
             now = database_now()  # what the scheduler compares heartbeats against
-            return compare_and_set(
+            started = compare_and_set(
                 s,
                 row.id,
                 [RunStatus.QUEUED],
@@ -91,6 +95,9 @@ class RunQueue(StoreBase):
                 },
                 extra=None if attempt is None else models.Run.attempt == attempt,
             )
+            if started and event is not None:
+                s.add(event_row(row.id, "info", event))
+            return started
 
     def finish_run(
         self,

@@ -61,6 +61,20 @@ def test_a_worker_cannot_start_a_run_cancelled_before_it_started(store):
     assert store.get_run(run.id).status is RunStatus.CANCELLED
 
 
+def test_a_run_starts_with_its_first_event_in_the_same_write(store):
+    """A reader never sees the run running without the phase it starts in (a live Run page
+    once showed `running` at step 0 for the moment before `starting engine`)."""
+    run = make_run(store)
+    assert store.start_run(run.id, event="starting engine")
+    assert store.get_run(run.id).status is RunStatus.RUNNING
+    assert [e.message for e in store.events(run.id)] == ["starting engine"]
+    cancelled = make_run(store)
+    store.request_cancel(cancelled.id)
+    before = [e.message for e in store.events(cancelled.id)]
+    assert not store.start_run(cancelled.id, event="starting engine")
+    assert [e.message for e in store.events(cancelled.id)] == before
+
+
 def test_cancelling_a_running_run_waits_for_its_worker(store):
     run = make_run(store)
     assert store.start_run(run.id)
