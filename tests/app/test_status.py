@@ -16,6 +16,7 @@ from jobs import phases
 from jobs.outcome import format_traceback, with_log_tail
 from jobs.store.rows import utcnow
 from jobs.store.status import RunStatus
+from tests.app.conftest import clear_streamlit_caches
 from tests.app.test_pages import MAIN, TIMEOUT, page
 
 
@@ -55,6 +56,7 @@ def test_a_run_whose_engine_starts_says_so_with_the_time_taken(store):
     assert status["alpha-run"] == "running"  # its steps run: no phase
 
     store.add_event(run.id, "info", phases.engine_started(31.2))
+    clear_streamlit_caches()  # what the pages share is up to live.FRESH_SECONDS old
     at = page("app_pages/run.py", run=str(run.id))
     assert at.metric[0].value == "running"
     assert not [i for i in at.info if "Starting engine" in i.value]
@@ -110,6 +112,7 @@ def test_the_run_page_says_where_its_engines_computed(store):
         for node, ip in (("3f2a1b9c" * 7, "10.0.0.5"), ("77e0c4d1" * 7, "10.0.0.5"))
     ]
     store.add_event(run.id, "info", phases.engine_started(31.2, places))
+    clear_streamlit_caches()  # what the pages share is up to live.FRESH_SECONDS old
     at = page("app_pages/run.py", run=str(run.id))
     shown = [c.value for c in at.caption if "engines:" in c.value]
     assert shown == ["2 engines: " + " · ".join(inert(p) for p in places)]
