@@ -55,19 +55,31 @@ def alignment_config(tmp_path: Path, url: str, **options) -> RunConfig:
     return RunConfig.from_flat({**base, **options})
 
 
-@pytest.mark.parametrize("threshold", [0.0, -50.0])
-def test_lambda_follows_the_cost_of_the_unperturbed_model(
-    pool, default_scorer, tmp_path, threshold
-):
-    # d = -50 puts every cost far above the threshold (the scorer's log-odds are far
-    # smaller), so lambda must rise to the clip at 10 in its first update (ln(lambda) moves
-    # by lambda_lr * J_C >= 0.2 * 12 > ln(10) while the mean cost is above -38); with d = 0
-    # it follows the model's mean cost. Two steps: the rule is checked at each, and the
-    # second uses the lambda the first computed.
+@pytest.fixture(scope="module")
+def straight_run(vllm_engine, initial_master, default_scorer, tmp_path_factory):
+    """(sink, output folder) of one uninterrupted run at the default threshold d = 0, a
+    checkpoint every step, from the input model: the lambda rule is checked on it, and the
+    resume test resumes from its checkpoint, so the suite runs it once for both."""
+    from engine.backends.pool import EnginePool
+
+    folder = tmp_path_factory.mktemp("alignment-straight")
+    options = {"max_steps": 2, "save_strategy": "steps", "save_steps": 1}
     sink = MemorySink()
-    train(
-        alignment_config(tmp_path, default_scorer.url, cost_threshold_d=threshold), sink, pool=pool
-    )
+    vllm_engine.load_master(str(initial_master))
+    try:
+        train(
+            alignment_config(folder, default_scorer.url, **options),
+            sink,
+            pool=EnginePool.wrap(vllm_engine),
+        )
+    finally:
+        vllm_engine.load_master(str(initial_master))
+    return sink, folder / "out"
+
+
+def assert_lambda_follows_the_cost(sink: MemorySink) -> None:
+    """Two steps: the rule is checked at each, and the second uses the lambda the first
+    computed."""
     assert [r.step for r in sink.steps] == [1, 2]
     for report in sink.steps:
         m = report.metrics
@@ -90,31 +102,44 @@ def test_lambda_follows_the_cost_of_the_unperturbed_model(
             assert row.fitness == pytest.approx(row.reward - m[mk.LAMBDA] * row.cost)
         base = [s for s in report.samples if s.member is None]
         assert len(base) == 4 and all("cost" in s.reward_parts for s in base)
-    lambdas = [r.metrics[mk.LAMBDA] for r in sink.steps]
-    assert lambdas[0] == 1.0
-    if threshold < 0:
-        assert lambdas == sorted(lambdas) and lambdas[-1] == 10.0
+    assert sink.steps[0].metrics[mk.LAMBDA] == 1.0
     for before, after in zip(sink.steps, sink.steps[1:], strict=False):
         assert after.metrics[mk.LAMBDA] == before.metrics[mk.LAMBDA_NEXT]  # effective next step
 
 
-def test_resume_continues_with_the_checkpointed_lambda(pool, vllm_engine, default_scorer, tmp_path):
+def test_lambda_follows_the_cost_of_the_unperturbed_model(straight_run):
+    """With d = 0 lambda follows the model's mean cost."""
+    sink, _ = straight_run
+    assert_lambda_follows_the_cost(sink)
+
+
+def test_lambda_rises_to_its_clip_when_every_cost_is_above_the_threshold(
+    pool, default_scorer, tmp_path
+):
+    """d = -50 puts every cost far above the threshold (the scorer's log-odds are far
+    smaller), so lambda must rise to the clip at 10 in its first update (ln(lambda) moves by
+    lambda_lr * J_C >= 0.2 * 12 > ln(10) while the mean cost is above -38)."""
+    sink = MemorySink()
+    train(alignment_config(tmp_path, default_scorer.url, cost_threshold_d=-50.0), sink, pool=pool)
+    assert_lambda_follows_the_cost(sink)
+    lambdas = [r.metrics[mk.LAMBDA] for r in sink.steps]
+    assert lambdas == sorted(lambdas) and lambdas[-1] == 10.0
+
+
+def test_resume_continues_with_the_checkpointed_lambda(
+    pool, vllm_engine, default_scorer, straight_run, tmp_path
+):
     """Resumed from the uninterrupted run's checkpoint of step 1, into an output folder of
     its own and with the input model in the engine (nothing of the run left in RAM), step 2
     is the uninterrupted run's step 2: same lambda, same J_C average, same metrics. (That a
     run stopped after step 1 repeats step 1 exactly is test_training's.)"""
     from tests.integration.test_training import untimed
 
-    vllm_engine.save_master(str(tmp_path / "input"))
+    straight, out = straight_run
     options = {"max_steps": 2, "save_strategy": "steps", "save_steps": 1}
-    straight = MemorySink()
-    train(
-        alignment_config(tmp_path / "straight", default_scorer.url, **options), straight, pool=pool
-    )
-    vllm_engine.load_master(str(tmp_path / "input"))
     config = alignment_config(tmp_path / "resumed", default_scorer.url, **options)
     resumed = MemorySink()
-    train(config, resumed, pool=pool, resume_from=tmp_path / "straight" / "out" / "checkpoint-1")
+    train(config, resumed, pool=pool, resume_from=out / "checkpoint-1")
     assert resumed.steps[0].metrics[mk.LAMBDA] == straight.steps[0].metrics[mk.LAMBDA_NEXT] != 1.0
     assert [untimed(r.metrics) for r in resumed.steps] == [untimed(straight.steps[1].metrics)]
 
