@@ -120,6 +120,22 @@ def test_fp32_copies_are_reused_until_a_write_is_announced():
     assert copies.of(again) is copies.of(again) and copies.bytes == 36
 
 
+def test_fp32_copies_are_on_by_default_within_one_gib(monkeypatch):
+    """On by default: the default model's copies (0.5 GiB) fit, a larger model's stop at the
+    budget; 0 turns them off."""
+    monkeypatch.delenv(cpu_weights.FP32_BUDGET_ENV, raising=False)
+    cpu_weights.fp32_weights.cache_clear()
+    try:
+        assert cpu_weights.fp32_weights().budget_bytes == 2**30
+        monkeypatch.setenv(cpu_weights.FP32_BUDGET_ENV, "0")
+        cpu_weights.fp32_weights.cache_clear()
+        weight = torch.randn(3, 3).bfloat16()
+        copies = cpu_weights.fp32_weights()
+        assert copies.of(weight) is not copies.of(weight) and copies.bytes == 0
+    finally:
+        cpu_weights.fp32_weights.cache_clear()
+
+
 @pytest.mark.parametrize("value", ["lots", "-1", "nan", "inf"])
 def test_a_bad_fp32_budget_names_the_variable(value, monkeypatch):
     monkeypatch.setenv(cpu_weights.FP32_BUDGET_ENV, value)
