@@ -133,11 +133,11 @@ FP32_BUDGET_ENV = "ESLAB_FP32_WEIGHTS_GIB"
 layers beyond it convert their weight on every call instead (0: never copy)."""
 
 DEFAULT_FP32_GIB = 1.0
-"""The copies of the default model (SmolLM2-135M) take 0.5 GiB an engine and make its
-generation about 1.9x faster on a CPU without bf16 hardware (an AVX-512 Xeon without
-AVX-512 BF16, a decode of 2 sequences, 1 or 2 threads: the conversion on every call was half
-of each forward pass). A larger model gets copies of its first layers up to this much and
-converts the rest, so the default never asks for more than 1 GiB above the weights."""
+"""The copies of the default model (SmolLM2-135M) take 0.5 GiB an engine, and on a CPU
+without bf16 hardware its generation is up to 1.8x faster with them (docs/benchmarks.md,
+"fp32 copies of the weights": the conversion on every call was up to half of each forward
+pass). A larger model gets copies of its first layers up to this much and converts the rest,
+so the default never asks for more than 1 GiB above the weights."""
 
 
 class Fp32Weights:
