@@ -26,31 +26,32 @@ class Beating(Protocol):
     def heartbeat_at(self) -> datetime | None: ...
 
 
+def _last_sign(run: Beating) -> datetime | None:
+    """The live run's worker's last sign of life; None unless the run is live."""
+    return (run.heartbeat_at or run.started_at) if run.status in LIVE else None
+
+
 def silent_seconds(run: Beating, now: datetime) -> float | None:
     """Seconds from the run's worker's last sign of life to `now` (the database's time);
     None unless the run is live."""
-    last = run.heartbeat_at or run.started_at
-    if run.status not in LIVE or last is None:
-        return None
-    return (now - last).total_seconds()
+    last = _last_sign(run)
+    return None if last is None else (now - last).total_seconds()
 
 
 def silent_since(run: Beating, timeout: float, now: datetime) -> datetime | None:
     """The live run's worker's last sign of life, once it is older than the timeout; None
     otherwise. A page that is not redrawn as time passes can say since when, which stays
     true, where "for how long" would not."""
-    silent = silent_seconds(run, now)
-    if silent is None or silent <= timeout:
-        return None
-    return run.heartbeat_at or run.started_at
+    last = _last_sign(run)
+    return last if last is not None and (now - last).total_seconds() > timeout else None
 
 
 def stale_for(run: RunRecord, timeout: float, now: datetime) -> str | None:
     """How long the live run's worker has been silent, in words, once that is past the
     timeout; None otherwise. Without `eslab serve`, nothing ends a run whose worker was
     killed: this is how the dashboard and `eslab runs` tell it."""
-    silent = silent_seconds(run, now)
-    return None if silent is None or silent <= timeout else in_words(silent)
+    since = silent_since(run, timeout, now)
+    return None if since is None else in_words((now - since).total_seconds())
 
 
 def status_label(run: RunRecord, timeout: float, now: datetime) -> str:
