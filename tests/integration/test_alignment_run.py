@@ -55,6 +55,10 @@ def alignment_config(tmp_path: Path, url: str, **options) -> RunConfig:
     return RunConfig.from_flat({**base, **options})
 
 
+EVERY_STEP_SAVED = {"max_steps": 2, "save_strategy": "steps", "save_steps": 1}
+"""The uninterrupted run's and its resume's options: a checkpoint every step."""
+
+
 @pytest.fixture(scope="module")
 def straight_run(vllm_engine, initial_master, default_scorer, tmp_path_factory):
     """(sink, output folder) of one uninterrupted run at the default threshold d = 0, a
@@ -63,12 +67,11 @@ def straight_run(vllm_engine, initial_master, default_scorer, tmp_path_factory):
     from engine.backends.pool import EnginePool
 
     folder = tmp_path_factory.mktemp("alignment-straight")
-    options = {"max_steps": 2, "save_strategy": "steps", "save_steps": 1}
     sink = MemorySink()
     vllm_engine.load_master(str(initial_master))
     try:
         train(
-            alignment_config(folder, default_scorer.url, **options),
+            alignment_config(folder, default_scorer.url, **EVERY_STEP_SAVED),
             sink,
             pool=EnginePool.wrap(vllm_engine),
         )
@@ -136,8 +139,7 @@ def test_resume_continues_with_the_checkpointed_lambda(
     from tests.integration.test_training import untimed
 
     straight, out = straight_run
-    options = {"max_steps": 2, "save_strategy": "steps", "save_steps": 1}
-    config = alignment_config(tmp_path / "resumed", default_scorer.url, **options)
+    config = alignment_config(tmp_path / "resumed", default_scorer.url, **EVERY_STEP_SAVED)
     resumed = MemorySink()
     train(config, resumed, pool=pool, resume_from=out / "checkpoint-1")
     assert resumed.steps[0].metrics[mk.LAMBDA] == straight.steps[0].metrics[mk.LAMBDA_NEXT] != 1.0
