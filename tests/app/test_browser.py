@@ -75,7 +75,14 @@ def server(seeded_url, tmp_path_factory) -> Iterator[str]:
             "--browser.gatherUsageStats",
             "false",
         ],
-        env={**os.environ, "ESLAB_DATABASE_URL": seeded_url},
+        env={
+            **os.environ,
+            "ESLAB_DATABASE_URL": seeded_url,
+            # The seeded runs are "running" with no worker: under the default timeout (120 s)
+            # their workers turn silent while the module runs, and a live page rightly redraws
+            # then, in the middle of a test that counts its redraws (test_stale_runs has that)
+            "ESLAB_HEARTBEAT_TIMEOUT_S": "86400",
+        },
         stdout=log,
         stderr=log,
     )
