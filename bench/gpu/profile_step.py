@@ -1,13 +1,24 @@
 """Where an ES step's time goes on a GPU: torch's profiler around one step (after a warm-up
 step) on one engine in this process, its CUDA kernels summed by name and by kind, and the
 GPU's busy time against the step's wall time; then the same step under cProfile, for the
-host's share (what the GPU waits on: vLLM's scheduler, sampling, the trainer's Python).
+host's share (what the GPU waits on: vLLM's scheduler, sampling, the trainer's Python); then
+the calls of one step that made the host wait for the GPU (torch's sync debug mode), by the
+code that made them: with asynchronous scheduling a wait inside a decode step serializes the
+host's preparation of the next step with the GPU's work on this one.
 
     python3 bench/gpu/profile_step.py MODEL [--lora] [--rank 4] [--lora-kernels deterministic]
-        [--population 32] [--prompts 8] [--max-tokens 128] --out DIR
+        [--population 32] [--prompts 8] [--max-tokens 128] [--batched] --out DIR
 
 Prints the summary and writes DIR/profile-<mode>.txt (the same, with the top kernels and the
 host's top functions) and DIR/trace-<mode>.json.gz (the CUDA timeline, for Perfetto).
+
+cProfile's own cost distorts a host-bound step (it doubled the step here). For the host's true
+shares, run N steps with no profiler inside a sampler and summarize the step's stacks with
+bench/gpu/host_stacks.py:
+
+    py-spy record --nonblocking -r 250 -f raw -o stacks.txt -- \
+        python3 bench/gpu/profile_step.py MODEL --lora --out DIR --steps-only 10
+    python3 bench/gpu/host_stacks.py stacks.txt
 """
 
 from __future__ import annotations
@@ -20,11 +31,15 @@ import pstats
 import re
 import shutil
 import sys
+import time
+import traceback
+import warnings
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from utilization import common_options, es_config, full_rank_pool, lora_pool
+from utilization import batch_prompts, common_options, es_config, full_rank_pool, lora_pool
 
 from engine import metrics as mk
 from engine.backends.pool import EnginePool
@@ -73,8 +88,16 @@ class StepSink(MemorySink):
 
 
 def one_step(pool: EnginePool, args: argparse.Namespace, sink: StepSink | None = None) -> float:
-    """Seconds of one ES step of the measured configuration (the step's own clock)."""
+    """Seconds of one ES step of the measured configuration (the step's own clock), or with
+    --batched of utilization.py's reference call: BATCH prompts on the unperturbed engine."""
     sink = sink or StepSink()
+    if args.batched:
+        start = time.perf_counter()
+        pool.generate(batch_prompts(), temperature=0.0, max_tokens=args.max_tokens)
+        seconds = time.perf_counter() - start
+        if sink.at_step is not None:
+            sink.at_step()
+        return seconds
     train(es_config(args, lora=args.lora), sink, pool=pool)
     return sink.steps[0].metrics[mk.time_key("step")]
 
@@ -124,6 +147,69 @@ def profile_host(pool: EnginePool, args: argparse.Namespace) -> list[str]:
     return lines
 
 
+def code_site(stack: list[traceback.FrameSummary], depth: int = 3) -> str:
+    """The innermost `depth` frames outside torch and the warnings machinery: the code whose
+    call made the host wait."""
+    frames = [f for f in stack if "/torch/" not in f.filename and "/warnings" not in f.filename]
+    return " < ".join(
+        f"{'/'.join(Path(f.filename).parts[-2:])}:{f.lineno}({f.name})"
+        for f in reversed(frames[-depth:])
+    )
+
+
+def profile_syncs(pool: EnginePool, args: argparse.Namespace) -> list[str]:
+    """Every call of one step that synchronized with the GPU, counted by code site."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return ["synchronizing calls: no CUDA here"]
+    sites: Counter[str] = Counter()
+
+    def record(*_args: object, **_kwargs: object) -> None:
+        sites[code_site(traceback.extract_stack()[:-1])] += 1
+
+    def stop() -> None:
+        torch.cuda.set_sync_debug_mode(0)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step = one_step(pool, args, StepSink(stop))
+        finally:
+            stop()
+    lines = [f"step {step:.3f} s in sync debug mode; {sum(sites.values())} synchronizing calls:"]
+    lines += [f"  {n:6d}  {site}" for site, n in sites.most_common(25)]
+    return lines
+
+
+def apply_adapters_once() -> None:
+    """An experiment (--patch adapters-once): vLLM 0.26's worker re-adds every adapter of the
+    batch on every decode step (LRUCacheWorkerLoRAManager._apply_adapters: a lookup, an LRU
+    touch and an activation per adapter), though within one call the set never changes. Skip
+    it when the set is the last step's."""
+    from vllm.lora.worker_manager import LRUCacheWorkerLoRAManager
+
+    original = LRUCacheWorkerLoRAManager._apply_adapters
+
+    def _apply_adapters(self: LRUCacheWorkerLoRAManager, requests: set) -> None:
+        key = frozenset((r.lora_int_id, r.lora_path) for r in requests if r)
+        if key != getattr(self, "_last_requested", None):
+            original(self, requests)
+            self._last_requested = key
+
+    LRUCacheWorkerLoRAManager._apply_adapters = _apply_adapters
+
+
+PATCHES = {"adapters-once": apply_adapters_once}
+
+
+def steps_only(pool: EnginePool, args: argparse.Namespace, n: int) -> list[str]:
+    """n steps with no profiler, for a sampler outside the process (py-spy)."""
+    return [f"step {i}: {one_step(pool, args):.3f} s" for i in range(n)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model")
@@ -136,9 +222,27 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--memory", type=float, default=0.4)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--batched",
+        action="store_true",
+        help="measure utilization.py's reference call (256 prompts, no member) instead of a step",
+    )
+    parser.add_argument(
+        "--steps-only",
+        type=int,
+        metavar="N",
+        help="after the warm-up, N steps with no profiler (for py-spy); nothing else",
+    )
+    parser.add_argument("--patch", choices=sorted(PATCHES), action="append", default=[])
     args = parser.parse_args()
+    for name in args.patch:
+        PATCHES[name]()
     args.steps, args.tensor_parallel_size, args.engines_per_gpu = 0, 1, 1  # es_config's
-    mode = f"lora-r{args.rank}" if args.lora else "full"
+    mode = "-".join(
+        [f"lora-r{args.rank}" if args.lora else "full"]
+        + (["batched"] if args.batched else [])
+        + args.patch
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     common = common_options(args)
     pool = lora_pool(args, common) if args.lora else full_rank_pool(args, 1, common)
@@ -147,12 +251,17 @@ def main() -> None:
         lines.append(
             f"warm-up step {one_step(pool, args):.3f} s; plain step {one_step(pool, args):.3f} s"
         )
-        lines += profile_kernels(pool, args, args.out / f"trace-{mode}.json.gz")
-        lines += profile_host(pool, args)
+        if args.steps_only:
+            lines += steps_only(pool, args, args.steps_only)
+        else:
+            lines += profile_kernels(pool, args, args.out / f"trace-{mode}.json.gz")
+            lines += profile_host(pool, args)
+            lines += profile_syncs(pool, args)
     finally:
         pool.shutdown()
     text = "\n".join(lines)
-    (args.out / f"profile-{mode}.txt").write_text(text + "\n")
+    name = f"steps-{mode}.txt" if args.steps_only else f"profile-{mode}.txt"
+    (args.out / name).write_text(text + "\n")
     print(text, flush=True)
 
 

@@ -55,10 +55,15 @@ from table import BATCH, PHASES, TOKENS, render
 TRAIN_FILE = resolve_path("data/conciseness/train.parquet")
 
 
+def batch_prompts() -> list:
+    """The BATCH prompts of the reference call: the task's prompts, repeated."""
+    prompts = [e.prompt for e in load_dataset(TRAIN_FILE)]
+    return [prompts[i % len(prompts)] for i in range(BATCH)]
+
+
 def batched_tokens_per_s(pool: EnginePool, max_tokens: int) -> float:
     """Tokens/s of one generate call of BATCH prompts (after one untimed warm-up call)."""
-    prompts = [e.prompt for e in load_dataset(TRAIN_FILE)]
-    batch = [prompts[i % len(prompts)] for i in range(BATCH)]
+    batch = batch_prompts()
     pool.generate(batch, max_tokens=8)  # warm-up at the full batch: kernels built for its sizes
     start = time.perf_counter()
     out = pool.generate(batch, temperature=0.0, max_tokens=max_tokens)

@@ -16,3 +16,17 @@ def test_kernels_are_sorted_into_kinds_by_their_names():
 def test_busy_time_counts_overlapping_kernels_once():
     assert profile_step.busy_seconds([(5.0, 6.0), (0.0, 2.0), (1.0, 3.0), (1.5, 2.5)]) == 4.0
     assert profile_step.busy_seconds([]) == 0.0
+
+
+def test_a_wait_is_named_by_the_code_outside_torch_that_made_it():
+    import traceback
+
+    stack = [
+        traceback.FrameSummary("/x/engine/trainer/loop.py", 10, "step"),
+        traceback.FrameSummary("/site/vllm/lora/meta.py", 20, "prepare_tensors"),
+        traceback.FrameSummary("/site/torch/_tensor.py", 30, "item"),
+        traceback.FrameSummary("/usr/lib/python3.12/warnings.py", 40, "_showwarnmsg"),
+    ]
+    assert profile_step.code_site(stack, depth=2) == (
+        "lora/meta.py:20(prepare_tensors) < trainer/loop.py:10(step)"
+    )
