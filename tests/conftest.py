@@ -121,11 +121,17 @@ def vllm_lora_engine(default_model_dir: Path, vllm_engine_options: dict) -> Iter
     max_lora_rank 8 serves members of rank <= 8 (rank <= 4 in lora_update adapter mode)."""
     from engine.backends.vllm.engine import VLLMEngine
     from engine.backends.vllm.lora_slots import lora_llm_args
+    from engine.config.schema import LoraConfig
+    from engine.lowrank.factors import parse_modules
 
     # 8 members x 8 prompts decode together. The KV cache is sized in bytes: vLLM on the CPU
     # takes a RAM share minus this process's resident memory, which other session engines
     # (in this same process) had already grown past the share in a full run.
-    extra = {**lora_llm_args(LORA_TEST_MAX_LORAS, 8), "kv_cache_memory_bytes": LORA_TEST_KV_BYTES}
+    targets = parse_modules(LoraConfig().lora_target_modules)  # every test's are among these
+    extra = {
+        **lora_llm_args(LORA_TEST_MAX_LORAS, 8, targets),
+        "kv_cache_memory_bytes": LORA_TEST_KV_BYTES,
+    }
     options = {**vllm_engine_options, "max_num_seqs": 64, "extra_llm_args": extra}
     engine = VLLMEngine(str(default_model_dir), **options)
     yield engine

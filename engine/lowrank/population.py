@@ -51,7 +51,7 @@ def engine_args(config: RunConfig) -> dict[str, Any]:
 
     lora = config.lora
     rank = lora.lora_rank * (2 if lora.lora_update == "adapter" else 1)
-    return lora_llm_args(config.es.population_size, rank)
+    return lora_llm_args(config.es.population_size, rank, parse_modules(lora.lora_target_modules))
 
 
 class LoraPopulation:

@@ -148,6 +148,20 @@ def test_merged_update_adds_the_dense_low_rank_update(
     torch.testing.assert_close(o, expected["o_proj"], atol=1e-6, rtol=1e-4)
 
 
+def lora_layer_names(worker) -> list[str]:
+    """In the engine's worker: the modules vLLM wrapped for LoRA."""
+    model = worker.get_model()
+    return [name for name, m in model.named_modules() if type(m).__name__.endswith("WithLoRA")]
+
+
+def test_only_the_perturbed_modules_carry_lora(vllm_lora_engine):
+    """vLLM wraps just the target modules: the LM head's LoRA logits would run outside the
+    CUDA graph on every decode step, for adapters that are zero there."""
+    wrapped = vllm_lora_engine.llm.collective_rpc(lora_layer_names)[0]
+    assert any(name.endswith("mlp.down_proj") for name in wrapped)
+    assert not [n for n in wrapped if "logits" in n or "lm_head" in n or "embed" in n], wrapped
+
+
 def test_member_slots_serve_exactly_the_members_adapter_folders(
     vllm_lora_engine, tmp_path, default_model_dir
 ):

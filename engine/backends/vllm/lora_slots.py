@@ -60,8 +60,11 @@ SUPPORTED_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _IDS = itertools.count(1)
 
 
-def lora_llm_args(max_loras: int, rank: int) -> dict[str, Any]:
-    """`LLM(...)` arguments for serving `max_loras` adapters of rank <= `rank` at once."""
+def lora_llm_args(max_loras: int, rank: int, target_modules: Sequence[str]) -> dict[str, Any]:
+    """`LLM(...)` arguments for serving `max_loras` adapters of rank <= `rank` at once on
+    `target_modules` (Hugging Face names such as q_proj). Without the target list vLLM wraps
+    every linear layer and the LM head as well: the head's LoRA logits then run eagerly, outside
+    the CUDA graph, on every decode step, for adapters that are zero there."""
     max_rank = next((r for r in SUPPORTED_RANKS if r >= rank), None)
     if max_rank is None:
         raise ValueError(f"adapter rank {rank} is above vLLM's largest ({SUPPORTED_RANKS[-1]})")
@@ -70,6 +73,7 @@ def lora_llm_args(max_loras: int, rank: int) -> dict[str, Any]:
         "max_loras": max_loras,
         "max_lora_rank": max_rank,
         "max_cpu_loras": max_loras,
+        "lora_target_modules": list(target_modules),
     }
 
 
