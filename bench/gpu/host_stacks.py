@@ -3,11 +3,14 @@ run, only the stacks inside the step, by function, inclusive and self.
 
     py-spy record --nonblocking -r 250 -f raw -o stacks.txt -- \\
         python3 bench/gpu/profile_step.py MODEL --lora --out DIR --steps-only 10
-    python3 bench/gpu/host_stacks.py stacks.txt [--within REGEX] [--top 40]
+    python3 bench/gpu/host_stacks.py stacks.txt [--within REGEX] [--top 40] [--calls N]
 
 A sampler costs the sampled process almost nothing, unlike cProfile, whose per-call cost
 doubled the host-bound step it measured. Engine start-up and shutdown fall outside the
-default window (frames of profile_step.py's one_step).
+default window (frames of profile_step.py's one_step). With --calls (how many times the window
+was entered: profile_step.py's warm-up and plain steps count) the shares are also given in
+seconds a call, at py-spy's rate --rate, so that two runs (a LoRA step and the plain
+256-prompt call, say) compare function by function.
 """
 
 from __future__ import annotations
@@ -51,13 +54,25 @@ def shares(
     return total, inclusive, own
 
 
-def report(total: int, inclusive: Counter[str], own: Counter[str], top: int) -> list[str]:
+def report(
+    total: int, inclusive: Counter[str], own: Counter[str], top: int, seconds_per_sample: float = 0
+) -> list[str]:
+    """Shares of the window's samples; with seconds_per_sample (1 / rate / calls) also
+    seconds a call."""
     if not total:
         return ["no sample inside the window"]
-    lines = [f"{total} samples inside the window", "inclusive:"]
-    lines += [f"  {n / total:6.1%}  {name}" for name, n in inclusive.most_common(top)]
+
+    def row(n: int, name: str) -> str:
+        seconds = f"{n * seconds_per_sample:8.3f} s" if seconds_per_sample else ""
+        return f"  {n / total:6.1%}{seconds}  {name}"
+
+    head = f"{total} samples inside the window"
+    if seconds_per_sample:
+        head += f", {total * seconds_per_sample:.3f} s a call"
+    lines = [head, "inclusive:"]
+    lines += [row(n, name) for name, n in inclusive.most_common(top)]
     lines.append("self:")
-    lines += [f"  {n / total:6.1%}  {name}" for name, n in own.most_common(top)]
+    lines += [row(n, name) for name, n in own.most_common(top)]
     return lines
 
 
@@ -66,9 +81,12 @@ def main() -> None:
     parser.add_argument("stacks", type=Path, help="py-spy record -f raw output")
     parser.add_argument("--within", default=r"^one_step \(", help="frames that open the window")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--calls", type=int, help="times the window was entered")
+    parser.add_argument("--rate", type=float, default=250.0, help="py-spy's samples a second")
     args = parser.parse_args()
     stacks = read_stacks(args.stacks.read_text())
-    print("\n".join(report(*shares(stacks, re.compile(args.within)), args.top)))
+    per_sample = 1 / args.rate / args.calls if args.calls else 0
+    print("\n".join(report(*shares(stacks, re.compile(args.within)), args.top, per_sample)))
 
 
 if __name__ == "__main__":

@@ -30,3 +30,10 @@ def test_an_empty_window_says_so():
     assert host_stacks.report(*host_stacks.shares(stacks, re.compile("nothing")), 5) == [
         "no sample inside the window"
     ]
+
+
+def test_with_the_calls_counted_shares_are_also_seconds_a_call():
+    stacks = host_stacks.read_stacks(RAW)
+    lines = host_stacks.report(*host_stacks.shares(stacks, re.compile("^one_step")), 3, 1 / 250 / 2)
+    assert lines[0] == "60 samples inside the window, 0.120 s a call"
+    assert "   0.080 s  schedule (sched.py)" in "\n".join(lines)  # 40 samples at 250 Hz, 2 calls
