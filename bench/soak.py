@@ -13,8 +13,8 @@ at the end, the checks of bench/soak_checks.py, as a table with the figures:
 
 A tiny run is the es-conciseness preset on the default model with 2 members, 1 prompt, 8
 tokens, 2 to 4 steps (seeded) and a checkpoint every step, so that a cancel leaves one to
-resume from. Each run starts its own vLLM engine (about 30-60 s on a 2-core CPU), so the 200
-runs of the default take hours there. The database is FOLDER/eslab.db, serve's output
+resume from. Each run starts its own vLLM engine, so the 200 runs of the default took 1.3 hours
+on a 2-core Xeon (docs/benchmarks.md). The database is FOLDER/eslab.db, serve's output
 FOLDER/serve.log, the runs' outputs FOLDER/runs/ (each removed once its run has ended for good,
 or 200 runs would take about 100 GB, except a failed run's, kept to be examined;
 --keep-outputs keeps them all), every figure
