@@ -45,6 +45,11 @@ THINK_PREFIX = "<think>"
 # A power with a result over a million bits is refused rather than computed: it takes Python
 # longer than a reward may take, and no countdown target needs one.
 MAX_POWER_BITS = 1_000_000
+# How deeply an answer's expressions may nest: what the reference's `eval` builds under
+# Python's default recursion limit (1000) from a shallow stack, 2,987 (so 900 signs in a row
+# compute and 5,000 score 0, as in the reference). `ast.parse` alone would follow the
+# process's recursion limit, which an imported library may have raised.
+MAX_DEPTH = 2_987
 
 # What the grader accepts, the reference's language (checked equal on 20,000 fuzzed
 # completions): a think block, an answer block (shortest matches, across lines), the whole
@@ -115,10 +120,23 @@ def evaluate(expression: str) -> Any:
         tree = ast.parse(expression, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         raise _NoValue(str(exc)) from None
+    if _depth(tree.body) > MAX_DEPTH:
+        raise _NoValue("too deeply nested")
     try:
         return _value(tree.body)
     except RecursionError as exc:
         raise _NoValue("too deeply nested") from exc
+
+
+def _depth(root: ast.expr) -> int:
+    """How deeply expressions nest below and including `root` (iteratively: it may be
+    deeper than the recursion limit)."""
+    deepest, stack = 0, [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((c, depth + 1) for c in ast.iter_child_nodes(node) if isinstance(c, ast.expr))
+    return deepest
 
 
 def _value(node: ast.expr) -> Any:

@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 
 from engine.rewards import BUILTIN_REWARDS, load_reward_function, score_completion
-from engine.rewards.countdown_es_at_scale import MAX_POWER_BITS, compute_score
+from engine.rewards.countdown_es_at_scale import MAX_DEPTH, MAX_POWER_BITS, compute_score
 
 GOLDEN_FILE = Path(__file__).parent / "data" / "countdown_es_at_scale_golden.jsonl"
 STALE = f"{GOLDEN_FILE.name} does not hold this test's inputs: regenerate it (see the docstring)"
@@ -226,3 +226,23 @@ def test_bad_arguments_stop_the_run_naming_the_sample(args, problem):
     with pytest.raises(Exception, match=re.escape(problem)) as excinfo:
         score_completion(func, "<answer>1+2</answer>", args, sample_description="prompt 3")
     assert "prompt 3" in str(excinfo.value)
+
+
+def test_nesting_is_bounded_alike_under_a_raised_recursion_limit():
+    """The reference's eval fails past what Python's default recursion limit allows; a library
+    that raised the process's limit (the suite's CI saw one) must not let a deeper answer
+    compute here."""
+    import sys
+
+    def score(signs: int) -> float:
+        completion = f"x</think>\n<answer>{'+' * signs}98</answer>"
+        return compute_score(completion, numbers=[98], target="98")["answer_reward"]
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(100_000)
+    try:
+        assert score(MAX_DEPTH - 1) == 1.0  # the signs and the number: MAX_DEPTH deep
+        assert score(MAX_DEPTH) == 0.0
+        assert score(5000) == 0.0
+    finally:
+        sys.setrecursionlimit(limit)
