@@ -326,10 +326,13 @@ def _pg_restore(file: Path, engine: Engine, force: bool) -> None:
 
 
 def _refuse_in_use_pg(engine: Engine) -> None:
-    """pg_restore would wait behind a live service's transactions, then drop its tables."""
+    """pg_restore would wait behind a live service's transactions, then drop its tables.
+    Only clients count: the server's own workers (autovacuum visits every database now and
+    then, a fresh one too) come and go and hold no transaction pg_restore waits behind."""
     others = text(
         "SELECT count(*) FROM pg_stat_activity "
-        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+        "AND backend_type = 'client backend'"
     )
     with _reading(engine) as connection:
         count = connection.scalar(others)
