@@ -32,7 +32,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from utilization import TRAIN_FILE, batch_prompts, common_options, es_config, lora_pool
+from utilization import (
+    ONE_ENGINE,
+    TRAIN_FILE,
+    add_run_arguments,
+    batch_prompts,
+    common_options,
+    es_config,
+    lora_pool,
+)
 
 from engine import metrics as mk
 from engine.backends.vllm.lora_slots import lora_requests
@@ -83,18 +91,11 @@ def summary(times: dict[str, list[float]], tokens: dict[str, list[int]]) -> dict
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model")
+    add_run_arguments(parser)
+    parser.set_defaults(**ONE_ENGINE)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--population", type=int, default=32)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--max-model-len", type=int, default=1024)
-    parser.add_argument("--memory", type=float, default=0.4)
-    parser.add_argument("--rank", type=int, default=4)
-    parser.add_argument("--lora-kernels", default="deterministic")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    args.steps, args.tensor_parallel_size, args.engines_per_gpu = 0, 1, 1  # es_config's
     pool = lora_pool(args, common_options(args))
     engine = pool._local
     config = es_config(args, lora=True)

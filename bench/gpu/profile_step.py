@@ -39,7 +39,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from utilization import batch_prompts, common_options, es_config, full_rank_pool, lora_pool
+from utilization import (
+    ONE_ENGINE,
+    add_run_arguments,
+    batch_prompts,
+    common_options,
+    es_config,
+    full_rank_pool,
+    lora_pool,
+)
 
 from engine import metrics as mk
 from engine.backends.pool import EnginePool
@@ -248,15 +256,9 @@ def steps_only(pool: EnginePool, args: argparse.Namespace, n: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model")
+    add_run_arguments(parser)
+    parser.set_defaults(**ONE_ENGINE)
     parser.add_argument("--lora", action="store_true", help="the low-rank mode (else full rank)")
-    parser.add_argument("--rank", type=int, default=4)
-    parser.add_argument("--lora-kernels", default="deterministic")
-    parser.add_argument("--population", type=int, default=32)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--max-model-len", type=int, default=1024)
-    parser.add_argument("--memory", type=float, default=0.4)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
         "--batched",
@@ -273,7 +275,6 @@ def main() -> None:
     args = parser.parse_args()
     for name in args.patch:
         PATCHES[name]()
-    args.steps, args.tensor_parallel_size, args.engines_per_gpu = 0, 1, 1  # es_config's
     mode = "-".join(
         [f"lora-r{args.rank}" if args.lora else "full"]
         + (["batched"] if args.batched else [])

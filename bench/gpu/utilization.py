@@ -259,9 +259,38 @@ def auto_pool(args: argparse.Namespace, common: dict) -> EnginePool:
     )
 
 
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The measured run's arguments, which every bench/gpu script of an ES step shares: the
+    model, the population and its prompts, the token budget, the low-rank mode's rank and
+    kernels, and the engines' context length and share of the GPU's memory."""
+    parser.add_argument("model")
+    parser.add_argument("--population", type=int, default=32)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--rank", type=int, default=4, help="lora_rank of the low-rank mode")
+    parser.add_argument(
+        "--lora-kernels",
+        default="deterministic",
+        choices=LORA_KERNELS,
+        help="lora_kernels of the low-rank mode (a process reads vLLM's kernel choice once)",
+    )
+    parser.add_argument(
+        "--memory",
+        type=float,
+        default=0.4,
+        help="share of the GPU's memory for all engines of a row together",
+    )
+
+
+ONE_ENGINE = {"steps": 0, "tensor_parallel_size": 1, "engines_per_gpu": 1}
+"""What es_config and common_options read that a script of one in-process engine does not
+ask for (parser.set_defaults)."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model")
+    add_run_arguments(parser)
     parser.add_argument(
         "--engines",
         type=engine_count,
@@ -270,11 +299,7 @@ def main() -> None:
         help="full-rank rows, one per engine count or auto (the engines a run gets by "
         "default); none (--engines alone) for --lora only",
     )
-    parser.add_argument("--population", type=int, default=32)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--steps", type=int, default=1)
-    parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument(
         "--actor-row",
         action="store_true",
@@ -289,13 +314,6 @@ def main() -> None:
         default=[1],
         help="--lora rows, one per engine count, one engine a GPU (the population split over them)",
     )
-    parser.add_argument("--rank", type=int, default=4, help="lora_rank of the --lora row")
-    parser.add_argument(
-        "--lora-kernels",
-        default="deterministic",
-        choices=LORA_KERNELS,
-        help="lora_kernels of the --lora row (a process reads vLLM's kernel choice once)",
-    )
     parser.add_argument(
         "--engines-per-gpu",
         type=int,
@@ -306,12 +324,6 @@ def main() -> None:
         "--tensor-parallel-size", type=int, default=1, help="GPUs each engine is split over"
     )
     parser.add_argument("--json", type=Path)
-    parser.add_argument(
-        "--memory",
-        type=float,
-        default=0.4,
-        help="share of the GPU's memory for all engines of a row together",
-    )
     args = parser.parse_args()
 
     import torch
