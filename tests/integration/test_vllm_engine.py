@@ -132,6 +132,36 @@ def test_same_seed_gives_the_same_perturbation_and_generation(vllm_engine):
     assert engine.check("es_check_fp32_copies") == [0]
 
 
+def test_completions_carry_the_text_vllm_would_give_them(vllm_engine):
+    """ES Lab decodes the completions of a call in one batch (detokenize.py); vLLM's own
+    detokenizer, on the same sampled tokens, gives the same text. A perturbed model and
+    sampling make byte pieces and stop tokens likely among them."""
+    from vllm import SamplingParams
+
+    engine = vllm_engine
+    assert engine._decode is not None  # the default model's decoder is byte-level
+    prompts = [*PROMPTS, [{"role": "user", "content": "Écris trois mots en français."}]]
+    engine.perturb(5, 0.02)
+    try:
+        ours = engine.generate(prompts, n=4, temperature=1.0, max_tokens=40, seed=3)
+        requests = [
+            {"prompt_token_ids": engine.prompt_token_ids(p), "cache_salt": engine._salt}
+            for p in prompts
+        ]
+        params = SamplingParams(n=4, temperature=1.0, max_tokens=40, seed=3)
+        theirs = engine.llm.generate(requests, params, use_tqdm=False)
+    finally:
+        engine.restore()
+    pairs = [
+        (c, o)
+        for cs, out in zip(ours, theirs, strict=True)
+        for c, o in zip(cs, out.outputs, strict=True)
+    ]
+    assert len(pairs) == 12
+    assert [c.token_ids for c, _ in pairs] == [tuple(o.token_ids) for _, o in pairs]
+    assert [c.text for c, _ in pairs] == [o.text for _, o in pairs]
+
+
 def test_no_prompt_reuses_kv_blocks_cached_under_other_weights(vllm_engine, monkeypatch):
     """The prefix cache serves a prompt's blocks again while the weights stay, and never
     across a weight change (each change gives the prompts a new cache salt)."""

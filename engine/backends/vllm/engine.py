@@ -32,6 +32,7 @@ from typing import Any
 from engine.backends.base import Completion, Prompt
 from engine.backends.vllm.cpu import resources as cpu_resources
 from engine.backends.vllm.cuda.lora_configs import deterministic_lora_configs
+from engine.backends.vllm.detokenize import batch_decoder, text_tokens
 from engine.backends.vllm.lora_slots import (
     lora_requests,
     tmpfs_dir,
@@ -150,6 +151,7 @@ class VLLMEngine:
             gc.unfreeze()
             raise
         self.tokenizer = self.llm.get_tokenizer()
+        self._decode = batch_decoder(self.tokenizer)  # None: vLLM detokenizes (detokenize.py)
         ranks = self._rpc("es_init", self.model, noise_table_seed, min_noise_table_len)
         # rank 0's summary, and the cards of every rank (tensor parallelism: several)
         self.info: dict[str, Any] = {
@@ -190,7 +192,13 @@ class VLLMEngine:
 
         if not prompts:
             return []
-        params = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
+        params = SamplingParams(
+            n=n,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            seed=seed,
+            detokenize=self._decode is None,
+        )
         requests = [
             {"prompt_token_ids": self.prompt_token_ids(m), "cache_salt": self._salt}
             for m in prompts
@@ -201,10 +209,11 @@ class VLLMEngine:
             else {"lora_request": lora_requests(self, adapters, self._member_placeholder)}
         )
         outputs = self.llm.generate(requests, params, use_tqdm=False, **extra)
+        texts = iter(self._texts([o for out in outputs for o in out.outputs]))  # in that order
         return [
             [
                 Completion(
-                    text=o.text,
+                    text=next(texts),
                     num_tokens=len(o.token_ids),
                     finished=o.finish_reason != "length",
                     token_ids=tuple(o.token_ids),
@@ -214,6 +223,13 @@ class VLLMEngine:
             ]
             for out in outputs
         ]
+
+    def _texts(self, samples: Sequence[Any]) -> list[str]:
+        """The text of each of vLLM's CompletionOutputs: decoded here in one batch, or vLLM's
+        own where it detokenized (detokenize.py)."""
+        if self._decode is None:
+            return [o.text for o in samples]
+        return self._decode([text_tokens(o.token_ids, o.finish_reason) for o in samples])
 
     def completion_logprobs(
         self, prompts: Sequence[Prompt], completions: Sequence[str | Sequence[int]]
