@@ -28,7 +28,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -40,36 +39,16 @@ from utilization import (
     common_options,
     es_config,
     lora_pool,
+    plain_call,
 )
 
 from engine import metrics as mk
-from engine.backends.vllm.lora_slots import lora_requests
 from engine.data.datasets import load_dataset
 from engine.sink import MemorySink
 from engine.trainer import train
 from engine.trainer.reporting import completion_tokens
 
 PARTS = ("reference", "member prompts", "adapters", "step")
-
-
-def timed_call(engine, prompts: list, salts: list[str], adapters: list | None, args) -> tuple:
-    """(seconds, generated tokens) of one generate call with a cache salt per prompt."""
-    from vllm import SamplingParams
-
-    params = SamplingParams(n=1, temperature=0.0, max_tokens=args.max_tokens, seed=0)
-    requests = [
-        {"prompt_token_ids": engine.prompt_token_ids(p), "cache_salt": s}
-        for p, s in zip(prompts, salts, strict=True)
-    ]
-    extra = {}
-    if adapters is not None:
-        extra["lora_request"] = lora_requests(engine, adapters, engine._member_placeholder)
-    engine.check("es_check_synchronize")
-    start = time.perf_counter()
-    outputs = engine.llm.generate(requests, params, use_tqdm=False, **extra)
-    engine.check("es_check_synchronize")
-    seconds = time.perf_counter() - start
-    return seconds, sum(len(o.token_ids) for out in outputs for o in out.outputs)
 
 
 def summary(times: dict[str, list[float]], tokens: dict[str, list[int]]) -> dict[str, dict]:
@@ -116,7 +95,7 @@ def main() -> None:
                 ("member prompts", member_prompts, member_salts, None),
                 ("adapters", member_prompts, member_salts, slots),
             ):
-                seconds, n = timed_call(engine, prompts, salts, adapters, args)
+                seconds, n = plain_call(engine, prompts, args.max_tokens, salts, adapters)
                 times[part].append(seconds)
                 tokens[part].append(n)
             sink = MemorySink()

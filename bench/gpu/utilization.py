@@ -68,17 +68,44 @@ on one machine (bench/gpu/results/h200-1b-lora-targets*.json): every call is kep
 JSON, so a file shows its own spread."""
 
 
+def plain_call(
+    engine, prompts: list, max_tokens: int, salts: list[str] | None = None, adapters=None
+) -> tuple[float, int]:
+    """(seconds, generated tokens) of one `vllm.LLM.generate` call as a user of vLLM makes it,
+    greedy, the GPU synchronized at both ends: vLLM's own detokenizer, not ES Lab's batch
+    decode (engine/backends/vllm/detokenize.py), so that the reference is plain vLLM's rate.
+    Every prompt carries its cache salt (default: the engine's current one)."""
+    from vllm import SamplingParams
+
+    from engine.backends.vllm.lora_slots import lora_requests
+
+    params = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, seed=0)
+    salts = salts or [engine._salt] * len(prompts)
+    requests = [
+        {"prompt_token_ids": engine.prompt_token_ids(p), "cache_salt": s}
+        for p, s in zip(prompts, salts, strict=True)
+    ]
+    extra = {}
+    if adapters is not None:
+        extra["lora_request"] = lora_requests(engine, adapters, engine._member_placeholder)
+    engine.check("es_check_synchronize")
+    start = time.perf_counter()
+    outputs = engine.llm.generate(requests, params, use_tqdm=False, **extra)
+    engine.check("es_check_synchronize")
+    seconds = time.perf_counter() - start
+    return seconds, sum(len(o.token_ids) for out in outputs for o in out.outputs)
+
+
 def batched_tokens_per_s(pool: EnginePool, max_tokens: int, results: dict) -> float:
-    """Median tokens/s of REFERENCE_CALLS generate calls of BATCH prompts (after one untimed
-    warm-up call); each call's rate goes to results["batched_calls_tokens_per_s"]."""
+    """Median tokens/s of REFERENCE_CALLS plain calls of BATCH prompts on the pool's own
+    engine (after one untimed warm-up call); each call's rate goes to
+    results["batched_calls_tokens_per_s"]."""
     batch = batch_prompts()
-    pool.generate(batch, max_tokens=8)  # warm-up at the full batch: kernels built for its sizes
+    plain_call(pool._local, batch, 8)  # warm-up at the full batch: kernels built for its sizes
     rates = []
     for _ in range(REFERENCE_CALLS):
-        start = time.perf_counter()
-        out = pool.generate(batch, temperature=0.0, max_tokens=max_tokens)
-        seconds = time.perf_counter() - start
-        rates.append(sum(c.num_tokens for cs in out for c in cs) / seconds)
+        seconds, tokens = plain_call(pool._local, batch, max_tokens)
+        rates.append(tokens / seconds)
     results["batched_calls_tokens_per_s"] = rates
     return statistics.median(rates)
 
