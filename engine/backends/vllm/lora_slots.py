@@ -349,7 +349,8 @@ def apply_lora_update(
     """master += dense low-rank update, then serving := cast(master) (inside the worker).
     The factors are the ones the worker drew for the step's members (SeedFactors), else
     drawn again from its noise table; each parameter (a fused one holds several targets) is
-    then its own job on a thread per core (the matmuls release the GIL)."""
+    then its own job, on the CPU on a thread per core (the matmuls release the GIL), on a GPU
+    in this thread (every job is a few kernel launches onto the same stream)."""
     import torch
 
     if worker._es_tp_size != 1:
@@ -377,6 +378,10 @@ def apply_lora_update(
                 master[start : start + delta.shape[0]].add_(delta)
             worker._es_serve_master(i)
 
+    if table.device.type != "cpu":  # launches onto one stream: threads would only contend
+        for i in jobs:
+            update(i)
+        return
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         list(pool.map(update, jobs))
 
