@@ -18,11 +18,27 @@ from engine.backends.vllm.detokenize import (
 )
 
 
-@pytest.fixture(scope="module")
-def tokenizer(default_model_dir):
+@pytest.fixture(scope="module", params=["byte-level", "transformers-5-sequence"])
+def tokenizer(request, default_model_dir):
+    """The default model's tokenizer as vLLM loads it, with its decoder as this machine's
+    transformers builds it (byte-level) or as transformers 5 does (a sequence around it)."""
+    import copy
+
+    from tokenizers import decoders
     from vllm.tokenizers import get_tokenizer
 
-    return get_tokenizer(str(default_model_dir))
+    tokenizer = get_tokenizer(str(default_model_dir))
+    if request.param == "transformers-5-sequence":
+        tokenizer = copy.deepcopy(tokenizer)
+        tokenizer._tokenizer.decoder = decoders.Sequence(
+            [
+                decoders.ByteFallback(),
+                decoders.Fuse(),
+                decoders.Replace("▁", " "),
+                decoders.ByteLevel(),
+            ]
+        )
+    return tokenizer
 
 
 def vllm_text(tokenizer, prompt: list[int], ids: list[int], stopped: bool) -> str:
@@ -111,4 +127,10 @@ def test_a_decoder_that_is_not_byte_level_keeps_vllms_detokenizer() -> None:
     backend = Tokenizer(BPE())
     backend.decoder = decoders.Metaspace()  # its first piece's space depends on the prompt
     assert batch_decoder(SimpleNamespace(_tokenizer=backend)) is None
+    backend.decoder = decoders.Sequence([decoders.ByteLevel(), decoders.Strip(" ", 1, 0)])
+    assert batch_decoder(SimpleNamespace(_tokenizer=backend)) is None
+    backend.decoder = decoders.Sequence([decoders.Replace("ab", "c"), decoders.ByteLevel()])
+    assert batch_decoder(SimpleNamespace(_tokenizer=backend)) is None
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteLevel()])
+    assert batch_decoder(SimpleNamespace(_tokenizer=backend)) is not None
     assert batch_decoder(SimpleNamespace()) is None  # a slow tokenizer has no backend
