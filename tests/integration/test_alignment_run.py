@@ -4,7 +4,11 @@ served for real on 127.0.0.1."""
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,12 +26,57 @@ pytestmark = pytest.mark.heavy
 ALIGNMENT = Path(__file__).resolve().parents[2] / "data" / "alignment"
 
 
+SCORER_EPOCHS = 1  # what they score matters here, not how well
+
+
+def trained_scorers_cache() -> Path:
+    """Where the scorers this file trains, when data/models/scorers has none, are kept for
+    later sessions: the user's cache (XDG_CACHE_HOME, as vLLM's and ES Lab's compiled
+    kernels), under a key of everything the training reads (the scorer package's code, the
+    shipped sets, the epochs, torch and transformers), so that a change to any of them trains
+    afresh. Training them took 33 s of a quiet 2-core machine, over 60 s beside the other
+    worker, in every session; the training itself is `eslab scorer train-default`'s, seeded."""
+    import torch
+    import transformers
+
+    import scorer
+    from scorer.default_data import SCORER_DATA_DIR
+
+    digest = hashlib.sha256()
+    code = sorted(Path(scorer.__file__).parent.glob("*.py"))
+    for path in [*code, *sorted(SCORER_DATA_DIR.glob("*.jsonl"))]:
+        digest.update(f"{path.name}\0".encode() + path.read_bytes())
+    digest.update(f"{SCORER_EPOCHS} {torch.__version__} {transformers.__version__}".encode())
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "eslab" / "test-scorers" / digest.hexdigest()[:16]
+
+
+def cached_default_scorers() -> Path:
+    """The default scorer pair trained once into trained_scorers_cache(): trained in a
+    folder beside it and renamed into place, so that a session that stops halfway, or two
+    sessions at once, never leave a half-written pair that the next one would trust."""
+    folder = trained_scorers_cache()
+    if not default_scorers_ready(folder):
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+        try:
+            train_default_scorers(staging, epochs=SCORER_EPOCHS)
+            shutil.rmtree(staging / "minilm-base")  # the base they were trained from
+            try:
+                staging.rename(folder)
+            except OSError:  # another session put its pair there first
+                if not default_scorers_ready(folder):
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
 @pytest.fixture(scope="module")
-def default_scorer(tmp_path_factory):
+def default_scorer():
     folder = default_scorer_dir()
     if not default_scorers_ready(folder):
-        folder = tmp_path_factory.mktemp("scorers")
-        train_default_scorers(folder, epochs=1)  # what they score matters here, not how well
+        folder = cached_default_scorers()
     with running_scorer(folder / "reward", folder / "cost") as scorer:
         yield scorer
 
@@ -42,7 +91,10 @@ def alignment_config(tmp_path: Path, url: str, **options) -> RunConfig:
         "population_size": 4,
         "data_batch_size": 4,
         "max_steps": 2,
-        "max_tokens": 16,
+        # 8 tokens: a decode step of the default model costs about 0.17 s on the CPU (its fp32
+        # weights read once per step), whatever the batch; the lambda rule, the costs and the
+        # resume are the same at any length (16 tokens made the file 60 s longer)
+        "max_tokens": 8,
         "noise_std": 0.002,
         "learning_rate": 4e-5,
         "seed": 3,
