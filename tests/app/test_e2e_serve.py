@@ -135,7 +135,7 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
         ("population_size", "2"),
         ("data_batch_size", "2"),
         ("max_steps", "2"),
-        ("max_tokens", "16"),
+        ("max_tokens", "4"),  # a decode step is ~0.17 s whatever the batch: few of them
         ("eval_steps", "2"),
         ("max_model_len", "1024"),
         ("max_num_seqs", "16"),
@@ -166,7 +166,7 @@ def test_launch_watch_share_compare_and_roles(served, browser, tmp_path):
     store = Store(db_url)
     try:
         config = store.get_run(1).config
-        assert (config["population_size"], config["max_steps"], config["max_tokens"]) == (2, 2, 16)
+        assert (config["population_size"], config["max_steps"], config["max_tokens"]) == (2, 2, 4)
         assert len(store.metric_series(1, "train/reward/mean")) == 2
     finally:
         store.close()

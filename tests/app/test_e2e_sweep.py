@@ -28,7 +28,7 @@ TINY = {
     "population_size": 2,
     "data_batch_size": 2,
     "max_steps": 2,
-    "max_tokens": 8,
+    "max_tokens": 4,
     "eval_strategy": "no",
     "save_strategy": "no",
     "max_model_len": 1024,

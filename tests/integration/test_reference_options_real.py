@@ -24,6 +24,7 @@ def test_a_tiny_real_run_reports_to_tensorboard_and_keeps_its_best_model(pool, t
     config = conciseness_config(
         tmp_path,
         max_steps=2,
+        max_tokens=8,  # 11 generate calls; a decode step is ~0.17 s on the CPU whatever the batch
         eval_file=str(CONCISENESS / "test.parquet"),
         eval_strategy="steps",
         eval_steps=1,

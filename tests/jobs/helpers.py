@@ -46,8 +46,8 @@ def queue_run(store: Store, output_dir: Path, name: str = "standin", **options: 
 
 
 def queue_real_run(store: Store, tmp_path: Path, name: str = "e2e", **options: Any) -> RunRecord:
-    """A tiny real run (the default model on vLLM, conciseness, two members, two steps, a
-    checkpoint a step) queued in `store`, its output in `tmp_path`/out."""
+    """A tiny real run (the default model on vLLM, conciseness, two members, two steps of
+    4-token answers, a checkpoint a step) queued in `store`, its output in `tmp_path`/out."""
     from engine.trainer import plan_total_steps
 
     config = RunConfig.from_flat(
@@ -59,7 +59,7 @@ def queue_real_run(store: Store, tmp_path: Path, name: str = "e2e", **options: A
             "population_size": 2,
             "data_batch_size": 2,
             "max_steps": 2,
-            "max_tokens": 8,
+            "max_tokens": 4,  # a decode step costs ~0.17 s on the CPU whatever the batch
             "noise_std": 0.002,
             "learning_rate": 4e-5,
             "save_strategy": "steps",
