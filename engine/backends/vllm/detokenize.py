@@ -39,7 +39,7 @@ text of its pieces, up to the joining of a multi-byte character."""
 
 def batch_decoder(tokenizer: Any) -> BatchDecoder | None:
     """The batch decode of `tokenizer` (vLLM's engine tokenizer), or None where only vLLM's
-    incremental detokenizer gives its text (a slow tokenizer, a decoder not byte-level)."""
+    incremental detokenizer gives its text (a slow tokenizer, a decoder not per character)."""
     backend = getattr(tokenizer, "_tokenizer", None)
     decoder = getattr(backend, "decoder", None)
     if decoder is None or not per_character(json.loads(decoder.__getstate__())):
