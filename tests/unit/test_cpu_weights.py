@@ -44,6 +44,26 @@ def test_the_kernel_packs_as_packed_py_writes_and_the_weight_stays_live(shape):
     assert torch.allclose(doubled, 2 * out, rtol=0.02, atol=1e-2)
 
 
+@needs_packing
+def test_a_packed_layers_bias_keeps_its_dtype_and_is_added():
+    """The kernel reads an fp32 bias; the layer's stays bf16, so that it is perturbed,
+    served and hashed as on a CPU that does not pack (the agreement of mixed clusters)."""
+    layer = Linear(64, 32)
+    layer.bias = torch.nn.Parameter(torch.randn(64).bfloat16(), requires_grad=False)
+    bias = layer.bias.data.clone()
+    logical = layer.weight.data.clone()
+    cpu_weights._bind_packed(layer)
+    assert cpu_weights.layout_of(layer.weight) is not None
+    assert layer.bias.dtype == torch.bfloat16 and torch.equal(layer.bias.data, bias)
+    x = torch.randn(3, 32).bfloat16()
+    expected = torch.nn.functional.linear(x.float(), logical.float(), bias.float())
+    out = layer.cpu_linear(x, layer.weight, layer.bias).float()
+    assert torch.allclose(out, expected, rtol=0.02, atol=0.05 * expected.abs().max().item())
+    layer.bias.data.add_(1.0)  # a write to the bias reaches the next call too
+    shifted = layer.cpu_linear(x, layer.weight, layer.bias).float()
+    assert torch.allclose(shifted - out, torch.ones_like(out), atol=0.1)
+
+
 def test_emulated_packing_stores_the_layout_and_computes_the_logical_product():
     """ESLAB_CPU_PACKING=emulate: the packed path on any CPU, with the logical product."""
     layer, plain = Linear(64, 32), Linear(64, 32)

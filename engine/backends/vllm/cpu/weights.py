@@ -258,7 +258,12 @@ costs little: a decode step's linear layer is bound by reading its weight, not b
 
 def _bind_packed(layer: Any) -> None:
     """Store the weight packed for the SGL kernel, where the kernel packs in the layout that
-    cpu/packed.py writes (else it stays logical: nothing could write it exactly)."""
+    cpu/packed.py writes (else it stays logical: nothing could write it exactly).
+
+    The bias stays in the checkpoint's dtype, as on every other machine, and the kernel gets
+    it in fp32 (what it reads) at each call, a vector a layer: an fp32 bias in the layer
+    would be perturbed with fp32 rounding and hashed as fp32, so an AMX engine would serve
+    other weights than its peers and fail their agreement checksum."""
     import torch
     from vllm import _custom_ops as ops
 
@@ -269,11 +274,11 @@ def _bind_packed(layer: Any) -> None:
     if layout is None:
         _bind_logical(layer)
         return
-    if getattr(layer, "bias", None) is not None:
-        layer.bias.data = layer.bias.to(torch.float32)  # what the SGL kernel expects
     weight.data = torch.ops._C.convert_weight_packed(weight.data)
     setattr(weight, LAYOUT_ATTR, layout)
-    layer.cpu_linear = lambda x, weight, bias: ops.weight_packed_linear_cpu(x, weight, n, bias)
+    layer.cpu_linear = lambda x, weight, bias: ops.weight_packed_linear_cpu(
+        x, weight, n, None if bias is None else bias.float()
+    )
 
 
 def _bind_emulated(layer: Any) -> None:
