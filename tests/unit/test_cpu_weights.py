@@ -64,6 +64,36 @@ def test_a_packed_layers_bias_keeps_its_dtype_and_is_added():
     assert torch.allclose(shifted - out, torch.ones_like(out), atol=0.1)
 
 
+AMX_PERMISSION_CHECK = """
+import ctypes, sys
+from engine.backends.vllm.cpu import weights
+libc = ctypes.CDLL(None, use_errno=True)
+def tile_data_granted():
+    mask = ctypes.c_uint64()
+    assert libc.syscall(158, 0x1022, ctypes.byref(mask)) == 0  # ARCH_GET_XCOMP_PERM
+    return bool(mask.value & (1 << 18))  # XFEATURE_XTILEDATA
+before = tile_data_granted()
+print(before, weights._sgl_kernel_here(), tile_data_granted())
+"""
+
+
+@needs_packing
+def test_packing_asks_for_amx_state_before_anything_runs_on_it():
+    """vLLM's CPU attention executes AMX instructions; a process that never asked Linux for
+    the tile state dies on the first (SIGILL). Choosing the packed kernels asks for it."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", AMX_PERMISSION_CHECK],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout.split()
+    assert out[-3:] == ["False", "True", "True"]
+
+
 def test_emulated_packing_stores_the_layout_and_computes_the_logical_product():
     """ESLAB_CPU_PACKING=emulate: the packed path on any CPU, with the logical product."""
     layer, plain = Linear(64, 32), Linear(64, 32)

@@ -109,11 +109,19 @@ def _packable(weight: torch.Tensor, rows: int) -> bool:
 
 @functools.cache
 def _sgl_kernel_here() -> bool:
-    """Whether vLLM's SGL packing kernel exists and this CPU runs it (AMX)."""
+    """Whether vLLM's SGL packing kernel exists and this CPU runs it (AMX); if so, the
+    process is granted AMX's tile state first.
+
+    Linux kills a process that executes an AMX tile instruction before it asked for that
+    state (arch_prctl ARCH_REQ_XCOMP_PERM). vLLM's CPU attention uses AMX and counts on a
+    oneDNN matmul having asked already; with the linear layers on the SGL kernel, nothing had
+    asked when an engine's first call, of one short prompt, reached attention (SIGILL in
+    cpu_attention_with_kv_cache, bench/engine_start.py on two AMX Xeons)."""
     import torch
     from vllm import _custom_ops  # noqa: F401  (registers torch.ops._C)
 
-    return hasattr(torch.ops._C, "convert_weight_packed") and torch.cpu._is_amx_tile_supported()
+    here = hasattr(torch.ops._C, "convert_weight_packed") and torch.cpu._is_amx_tile_supported()
+    return here and torch.cpu._init_amx()
 
 
 def _bind_logical(layer: Any) -> None:
