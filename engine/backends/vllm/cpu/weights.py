@@ -81,7 +81,13 @@ def install_live_cpu_gemm() -> bool:
         mode = packing_mode()
         if remove_weight and mode == "emulate" and _packable(weight, packed.BLOCK_ROWS):
             _bind_emulated(layer)
-        elif remove_weight and mode == "auto" and _packable(weight, 16) and _sgl_kernel_here():
+        elif (
+            remove_weight
+            and mode == "auto"
+            and _packable(weight, 16)
+            and cpu_features.bf16_matmul_in_hardware()  # False where ESLAB_CPU_NO_BF16 says so
+            and _sgl_kernel_here()
+        ):
             _bind_packed(layer)
         else:
             _bind_logical(layer)
