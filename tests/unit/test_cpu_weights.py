@@ -123,6 +123,20 @@ def test_the_packing_setting_chooses_the_binding(mode, fits, monkeypatch):
     assert cpu_weights.layout_of(layer.weight) == expected
 
 
+def test_no_bf16_setting_takes_the_fp32_path(monkeypatch):
+    """ESLAB_CPU_NO_BF16=1: the path of a CPU without bf16 hardware on any CPU (no packing)."""
+    monkeypatch.setenv(cpu_features.NO_BF16_ENV, "1")
+    monkeypatch.setenv(cpu_weights.PACKING_ENV, "auto")
+    assert not cpu_features.bf16_matmul_in_hardware()
+    layer = Linear(64, 32)
+    assert cpu_weights.install_live_cpu_gemm()
+    from vllm.model_executor.layers import utils as layer_utils
+
+    layer_utils.dispatch_cpu_unquantized_gemm(layer, True)
+    assert cpu_weights.layout_of(layer.weight) is None
+    assert layer.cpu_linear is cpu_weights._linear_in_fp32
+
+
 def test_a_wrong_packing_setting_names_the_variable(monkeypatch):
     monkeypatch.setenv(cpu_weights.PACKING_ENV, "yes")
     with pytest.raises(ValueError, match="ESLAB_CPU_PACKING must be one of auto, off, emulate"):
@@ -139,9 +153,9 @@ def test_logical_binding_reads_the_parameter(hardware_bf16, monkeypatch):
     x = torch.randn(2, 8).bfloat16()
     first = layer.cpu_linear(x, layer.weight, None)
     assert first.dtype == torch.bfloat16
-    if not hardware_bf16:
-        exact = torch.nn.functional.linear(x.float(), layer.weight.float())
-        assert torch.equal(first, exact.bfloat16())
+    if not hardware_bf16:  # within the rounding to bf16 of sums in another order
+        exact = torch.nn.functional.linear(x.double(), layer.weight.double())
+        assert torch.allclose(first.double(), exact, rtol=2**-7, atol=1e-6)
     layer.weight.data.zero_()
     cpu_weights.weights_written()
     assert torch.count_nonzero(layer.cpu_linear(x, layer.weight, None)) == 0
@@ -197,14 +211,72 @@ def test_a_bad_fp32_budget_names_the_variable(value, monkeypatch):
         cpu_weights.fp32_weights.cache_clear()
 
 
-def test_fp32_linear_rows_do_not_depend_on_the_batch():
+@pytest.fixture(params=["kernel", "mkl"])
+def fp32_path(request, monkeypatch):
+    """`_linear_in_fp32` by the C kernel (skipped where it does not build) and by F.linear
+    on fp32 copies (as where it does not)."""
+    if request.param == "kernel":
+        if cpu_weights._bf16_linear_kernel() is None:
+            pytest.skip("linear_bf16.c does not build on this machine")
+    else:
+        monkeypatch.setattr(cpu_weights, "_bf16_linear_kernel", lambda: None)
+    return request.param
+
+
+def test_fp32_linear_rows_do_not_depend_on_the_batch(fp32_path):
     """A row's output is the same alone, in a short batch or in a long one (MKL rounds
-    short batches differently; see BATCH_INVARIANT_ROWS)."""
+    short batches differently, see BATCH_INVARIANT_ROWS; the kernel computes every entry
+    the same way), rows 1-20 from any start."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(40, 576, generator=g).bfloat16()
     weight = torch.randn(1536, 576, generator=g).bfloat16()
     whole = cpu_weights._linear_in_fp32(x, weight, None)
-    for start, count in [(0, 1), (3, 2), (5, 3), (7, 5), (9, 6), (11, 9), (2, 13)]:
-        part = cpu_weights._linear_in_fp32(x[start : start + count], weight, None)
-        assert torch.equal(part, whole[start : start + count]), (start, count)
+    for count in range(1, 21):
+        for start in (0, 3, 40 - count):
+            part = cpu_weights._linear_in_fp32(x[start : start + count], weight, None)
+            assert torch.equal(part, whole[start : start + count]), (start, count)
     assert cpu_weights._linear_in_fp32(x.view(4, 10, 576), weight, None).shape == (4, 10, 1536)
+
+
+def test_the_fp32_kernel_does_not_depend_on_the_thread_count():
+    """An engine of one thread computes what one of two does: each entry is computed on
+    one thread, in one order."""
+    if cpu_weights._bf16_linear_kernel() is None:
+        pytest.skip("linear_bf16.c does not build on this machine")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(9, 576, generator=g).bfloat16()
+    weight = torch.randn(960, 576, generator=g).bfloat16()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = cpu_weights._linear_in_fp32(x, weight, None)
+        torch.set_num_threads(2)
+        assert torch.equal(cpu_weights._linear_in_fp32(x, weight, None), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3, 4, 5, 17])
+@pytest.mark.parametrize(("n", "k"), [(1536, 576), (50, 8), (7, 24), (25, 1536)])
+def test_the_fp32_kernel_computes_the_layer(rows, n, k):
+    """The kernel against F.linear in double: every tile shape (rows around its 4, columns
+    past its blocks of 24 and tiles of 3), a bias, input rows with a stride, and a live
+    weight (a write reaches the next call with no announcement: there is no copy)."""
+    if cpu_weights._bf16_linear_kernel() is None:
+        pytest.skip("linear_bf16.c does not build on this machine")
+    g = torch.Generator().manual_seed(rows * n + k)
+    x = torch.randn(rows, k, generator=g).bfloat16()
+    strided = torch.randn(rows, k + 8, generator=g).bfloat16()[:, :k]  # rows k + 8 apart
+    weight = torch.randn(n, k, generator=g).bfloat16()
+    bias = torch.randn(n, generator=g).bfloat16()
+    for inputs in (x, strided):
+        for b in (None, bias):
+            out = cpu_weights._linear_in_fp32(inputs, weight, b)
+            exact = torch.nn.functional.linear(
+                inputs.double(), weight.double(), None if b is None else b.double()
+            )
+            assert out.dtype == torch.bfloat16 and out.shape == (rows, n)
+            assert torch.allclose(out.double(), exact, rtol=2**-7, atol=1e-4 * k)
+    weight.mul_(2)
+    twice = cpu_weights._linear_in_fp32(strided, weight, None).double()
+    assert torch.equal(twice, 2 * cpu_weights._linear_in_fp32(strided, weight / 2, None).double())

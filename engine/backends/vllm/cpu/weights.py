@@ -16,9 +16,11 @@ on every call:
   for small layers. Measured on an AMX Xeon for SmolLM2-135M shapes, per decode step of 8
   sequences: 4.9 ms against 5.6 ms for vLLM's oneDNN path.
 - Every other layer, including embeddings and the lm_head (whose weight may be the
-  embedding's, which lookups need in logical layout): `F.linear` on the logical weight, in
-  fp32 where the CPU has no bf16 matmul in hardware (there torch emulates bf16 7x slower),
-  optionally from fp32 copies of the weights refreshed after each write (`Fp32Weights`).
+  embedding's, which lookups need in logical layout): the logical weight, with `F.linear`
+  where the CPU multiplies bf16 in hardware; elsewhere (torch would emulate bf16 7x slower)
+  in fp32, by the C kernel linear_bf16.c, which reads the bf16 weight as it is, or, where it
+  cannot be built, by `F.linear` on fp32 copies of the weights refreshed after each write
+  (`Fp32Weights`).
 Writes to the parameters then take effect at the next forward pass (where fp32 copies are
 kept, once the writer has called `weights_written()`). Writes to a packed weight go through
 cpu/packed.py, which keeps the noise and the update in the logical layout.
@@ -33,15 +35,17 @@ On other platforms (CUDA) vLLM keeps its parameters live and this module does no
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.backends.vllm.cpu import features as cpu_features
-from engine.backends.vllm.cpu import packed
+from engine.backends.vllm.cpu import native, packed
 
 if TYPE_CHECKING:
     import torch
@@ -147,15 +151,17 @@ FP32_BUDGET_ENV = "ESLAB_FP32_WEIGHTS_GIB"
 layers beyond it convert their weight on every call instead (0: never copy)."""
 
 DEFAULT_FP32_GIB = 1.0
-"""The copies of the default model (SmolLM2-135M) take 0.5 GiB an engine, and on a CPU
-without bf16 hardware its generation is up to 1.8x faster with them (docs/benchmarks.md,
-"fp32 copies of the weights": the conversion on every call was up to half of each forward
-pass). A larger model gets copies of its first layers up to this much and converts the rest,
-so the default never asks for more than 1 GiB above the weights."""
+"""Where the C kernel cannot be built: the copies of the default model (SmolLM2-135M) take
+0.5 GiB an engine, and on a CPU without bf16 hardware its generation is up to 1.8x faster
+with them (docs/benchmarks.md, "fp32 copies of the weights": the conversion on every call
+was up to half of each forward pass). A larger model gets copies of its first layers up to
+this much and converts the rest, so the default never asks for more than 1 GiB above the
+weights."""
 
 
 class Fp32Weights:
-    """fp32 copies of bf16 weights for `_linear_in_fp32`, made once and refreshed (copied in
+    """fp32 copies of bf16 weights for `_linear_in_fp32` where its C kernel cannot be built
+    (which reads the bf16 weight itself and needs none), made once and refreshed (copied in
     place) at the first call after `weights_written()`. Converting on every call cost as much
     as the product itself at decode batch sizes (measured on an AVX2 Zen 3, every linear
     layer of SmolLM2-135M: 73 ms to convert against 99 ms to multiply 4 rows), and a full-rank
@@ -247,9 +253,14 @@ def _linear_in_fp32(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """A bf16 linear layer computed in fp32 and rounded back, for CPUs that would emulate
-    bf16 (7x slower: see cpu_features); the weight's fp32 copy comes from `fp32_weights`."""
+    bf16 (7x slower: see cpu_features): by the C kernel where it is built and takes the
+    shapes (the choice depends on the layer, never on the batch), else with `F.linear` on
+    the weight's fp32 copy from `fp32_weights`, the rows padded to BATCH_INVARIANT_ROWS."""
     import torch
 
+    kernel = _bf16_linear_kernel()
+    if kernel is not None and _kernel_takes(x, weight):
+        return _kernel_linear(kernel, x, weight, bias)
     rows = x.reshape(-1, x.shape[-1]).float()
     count = rows.shape[0]
     if count < BATCH_INVARIANT_ROWS:
@@ -264,10 +275,79 @@ BATCH_INVARIANT_ROWS = 16
 """torch's fp32 matmul (MKL) rounds a row differently when the batch has fewer rows than this
 (measured, torch 2.13: on an AVX2 Zen 3, 1-3, 5-7 and 9-11 rows differ from the same rows in
 a larger batch, 4, 8 and 12 or more agree; on an AVX-512 Xeon every batch of 1-15 rows
-differs, 16 or more agree). Shorter batches are padded with zero rows to this many, so a
-sequence's output does not depend on what else is in its batch (two engines sharing a
-population's prompts generate what one engine does; bf16 matmuls agree anyway). The padding
-costs little: a decode step's linear layer is bound by reading its weight, not by rows."""
+differs, 16 or more agree). Where `F.linear` computes the fp32 path, shorter batches are
+padded with zero rows to this many, so a sequence's output does not depend on what else is
+in its batch (two engines sharing a population's prompts generate what one engine does;
+bf16 matmuls agree anyway). The C kernel needs no padding: it computes every entry the
+same way in any batch (linear_bf16.c)."""
+
+LINEAR_SOURCE = Path(__file__).with_name("linear_bf16.c")
+
+
+@functools.cache
+def _bf16_linear_kernel() -> Callable[..., int] | None:
+    """linear_bf16.c built for this CPU, or None where it has no AVX2 and FMA or the kernel
+    cannot be built (then `F.linear` on fp32 copies computes the layer). At decode sizes it
+    is 1.5-3.4x faster than MKL on the copies (docs/benchmarks.md, "The fp32 linear layers")."""
+    import torch
+
+    flags = cpu_features.cpu_flags().split()
+    if "avx2" not in flags or "fma" not in flags:
+        return None
+    if "amx_tile" in flags:  # an AMX CPU taken for one without (ESLAB_CPU_NO_BF16)
+        # MKL's first product asks Linux for the AMX registers; with MKL replaced by the
+        # kernel nothing did, and vLLM's CPU attention, which uses AMX, died of SIGILL.
+        torch._C._cpu._init_amx()
+    library = native.library(LINEAR_SOURCE, native.FLAGS, "fp32 linear layer")
+    if library is None:
+        return None
+    function = library.eslab_linear_bf16
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+    function.argtypes += [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 4
+    return function
+
+
+def _kernel_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """bf16 input and weight, the weight's rows contiguous, and k a multiple of 8."""
+    import torch
+
+    return (
+        x.dtype == torch.bfloat16
+        and weight.dtype == torch.bfloat16
+        and weight.ndim == 2
+        and weight.stride(1) == 1
+        and weight.shape[1] % 8 == 0
+        and x.shape[-1] == weight.shape[1]
+    )
+
+
+def _kernel_linear(
+    kernel: Callable[..., int], x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    import torch
+
+    n, k = weight.shape
+    rows = x.reshape(-1, k)
+    if rows.stride(1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape[0], n, dtype=torch.bfloat16)
+    fp32_bias = None if bias is None else bias.float().contiguous()
+    failed = kernel(
+        rows.data_ptr(),
+        rows.stride(0),
+        weight.data_ptr(),
+        weight.stride(0),
+        None if fp32_bias is None else fp32_bias.data_ptr(),
+        out.data_ptr(),
+        n,
+        rows.shape[0],
+        n,
+        k,
+    )
+    if failed:
+        raise MemoryError("linear_bf16: no memory for the kernel's scratch space")
+    return out.view(*x.shape[:-1], n)
 
 
 def _bind_packed(layer: Any) -> None:
