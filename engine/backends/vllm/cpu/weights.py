@@ -288,15 +288,16 @@ LINEAR_SOURCE = Path(__file__).with_name("linear_bf16.c")
 def _bf16_linear_kernel() -> Callable[..., int] | None:
     """linear_bf16.c built for this CPU, or None where it has no AVX2 and FMA or the kernel
     cannot be built (then `F.linear` on fp32 copies computes the layer). At decode sizes it
-    is 1.5-3.4x faster than MKL on the copies (docs/benchmarks.md, "The fp32 linear layers")."""
+    is 1.3-3x faster than MKL on the copies (docs/benchmarks.md, "The fp32 linear layers")."""
     import torch
 
     flags = cpu_features.cpu_flags().split()
     if "avx2" not in flags or "fma" not in flags:
         return None
     if "amx_tile" in flags:  # an AMX CPU taken for one without (ESLAB_CPU_NO_BF16)
-        # MKL's first product asks Linux for the AMX registers; with MKL replaced by the
-        # kernel nothing did, and vLLM's CPU attention, which uses AMX, died of SIGILL.
+        # Linux lends the AMX registers only to a process that asks. MKL's fp32 products
+        # asked before vLLM's CPU attention (which uses AMX) first ran; with the kernel in
+        # their place nothing did, and the attention died of SIGILL (measured).
         torch._C._cpu._init_amx()
     library = native.library(LINEAR_SOURCE, native.FLAGS, "fp32 linear layer")
     if library is None:
@@ -325,6 +326,8 @@ def _kernel_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def _kernel_linear(
     kernel: Callable[..., int], x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
+    """x [..., k] times weight [n, k] transposed, plus bias, in bf16 [..., n], by the kernel
+    (which trusts the shapes that `_kernel_takes` checked)."""
     import torch
 
     n, k = weight.shape
