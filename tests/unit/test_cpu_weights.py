@@ -73,14 +73,14 @@ def tile_data_granted():
     assert libc.syscall(158, 0x1022, ctypes.byref(mask)) == 0  # ARCH_GET_XCOMP_PERM
     return bool(mask.value & (1 << 18))  # XFEATURE_XTILEDATA
 before = tile_data_granted()
-print(before, weights._sgl_kernel_here(), tile_data_granted())
+print(before, weights.install_live_cpu_gemm(), tile_data_granted())
 """
 
 
 @needs_packing
-def test_packing_asks_for_amx_state_before_anything_runs_on_it():
+def test_the_kernels_ask_for_amx_state_before_anything_runs_on_it():
     """vLLM's CPU attention executes AMX instructions; a process that never asked Linux for
-    the tile state dies on the first (SIGILL). Choosing the packed kernels asks for it."""
+    the tile state dies on the first (SIGILL). Installing ES Lab's kernels asks for it."""
     import subprocess
     import sys
 

@@ -31,3 +31,18 @@ def bf16_matmul_in_hardware() -> bool:
     if os.environ.get(NO_BF16_ENV, "") not in ("", "0"):
         return False
     return any(flag in cpu_flags().split() for flag in ("amx_bf16", "avx512_bf16"))
+
+
+def ask_for_amx_state() -> None:
+    """Ask Linux for AMX's tile state where the CPU has AMX (arch_prctl ARCH_REQ_XCOMP_PERM,
+    through torch); a process that executes a tile instruction before it asked is killed.
+
+    vLLM's CPU attention uses AMX and counts on a oneDNN or MKL product having asked already.
+    With the linear layers on ES Lab's kernels (the SGL kernel of packed weights, or
+    linear_bf16.c where ESLAB_CPU_NO_BF16 takes the CPU for one without bf16), nothing had
+    asked when an engine's first call, of one short prompt, reached attention: SIGILL in
+    cpu_attention_with_kv_cache (bench/engine_start.py, on two AMX Xeons)."""
+    if "amx_tile" in cpu_flags().split():
+        import torch
+
+        torch.cpu._init_amx()

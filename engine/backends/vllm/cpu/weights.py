@@ -76,6 +76,7 @@ def install_live_cpu_gemm() -> bool:
     original = getattr(layer_utils, "dispatch_cpu_unquantized_gemm", None)
     if original is None:
         return False
+    cpu_features.ask_for_amx_state()  # before anything of the engine's runs on AMX
 
     @functools.wraps(original)
     def dispatch_live(layer: Any, remove_weight: bool) -> None:
@@ -119,19 +120,11 @@ def _packable(weight: torch.Tensor, rows: int) -> bool:
 
 @functools.cache
 def _sgl_kernel_here() -> bool:
-    """Whether vLLM's SGL packing kernel exists and this CPU runs it (AMX); if so, the
-    process is granted AMX's tile state first.
-
-    Linux kills a process that executes an AMX tile instruction before it asked for that
-    state (arch_prctl ARCH_REQ_XCOMP_PERM). vLLM's CPU attention uses AMX and counts on a
-    oneDNN matmul having asked already; with the linear layers on the SGL kernel, nothing had
-    asked when an engine's first call, of one short prompt, reached attention (SIGILL in
-    cpu_attention_with_kv_cache, bench/engine_start.py on two AMX Xeons)."""
+    """Whether vLLM's SGL packing kernel exists and this CPU runs it (AMX)."""
     import torch
     from vllm import _custom_ops  # noqa: F401  (registers torch.ops._C)
 
-    here = hasattr(torch.ops._C, "convert_weight_packed") and torch.cpu._is_amx_tile_supported()
-    return here and torch.cpu._init_amx()
+    return hasattr(torch.ops._C, "convert_weight_packed") and torch.cpu._is_amx_tile_supported()
 
 
 def _bind_logical(layer: Any) -> None:
@@ -289,16 +282,10 @@ def _bf16_linear_kernel() -> Callable[..., int] | None:
     """linear_bf16.c built for this CPU, or None where it has no AVX2 and FMA or the kernel
     cannot be built (then `F.linear` on fp32 copies computes the layer). At decode sizes it
     is 1.3-3x faster than MKL on the copies (docs/benchmarks.md, "The fp32 linear layers")."""
-    import torch
 
     flags = cpu_features.cpu_flags().split()
     if "avx2" not in flags or "fma" not in flags:
         return None
-    if "amx_tile" in flags:  # an AMX CPU taken for one without (ESLAB_CPU_NO_BF16)
-        # Linux lends the AMX registers only to a process that asks. MKL's fp32 products
-        # asked before vLLM's CPU attention (which uses AMX) first ran; with the kernel in
-        # their place nothing did, and the attention died of SIGILL (measured).
-        torch._C._cpu._init_amx()
     library = native.library(LINEAR_SOURCE, native.FLAGS, "fp32 linear layer")
     if library is None:
         return None
