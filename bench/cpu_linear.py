@@ -32,7 +32,7 @@ import shlex
 import sys
 from collections.abc import Callable
 
-from model_costs import best_seconds, linear_shapes
+from model_costs import best_seconds, linear_shapes, print_markdown_table
 
 PADDED = 16
 
@@ -154,10 +154,7 @@ def main() -> None:
     torch.set_num_threads(args.threads[0])
     for name, (weight_of, product, _) in table.items():
         print(f"{name}: rows 1-20 alone as in a batch of 20: {batch_invariant(weight_of, product)}")
-    print("\n| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for line in lines:
-        print("| " + " | ".join(line) + " |")
+    print_markdown_table(header, lines)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from model_costs import best_seconds, linear_seconds, linear_shapes
+from model_costs import best_seconds, linear_seconds, linear_shapes, print_markdown_table
 
 PROJECT = Path(__file__).resolve().parent.parent
 PROMPTS = [f"Tell me something about the number {i}." for i in range(1000)]
@@ -194,10 +194,7 @@ def main() -> None:
                     f"{r['tokens/s'] / r['roofline']:.2f}",
                 ]
             )
-    print("\n| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
+    print_markdown_table(header, rows)
 
 
 if __name__ == "__main__":

@@ -77,3 +77,11 @@ def log_softmax_seconds(vocab: tuple[int, int], rows: int) -> float:
         lambda: torch.log_softmax(torch.nn.functional.linear(hidden, weight).float(), -1),
         repeats=3,
     )
+
+
+def print_markdown_table(header: list[str], rows: list[list[str]]) -> None:
+    """The figures as a table to paste into docs/benchmarks.md."""
+    print("\n| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
