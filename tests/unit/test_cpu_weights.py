@@ -65,7 +65,7 @@ def test_a_packed_layers_bias_keeps_its_dtype_and_is_added():
 
 
 AMX_PERMISSION_CHECK = """
-import ctypes, sys
+import ctypes
 from engine.backends.vllm.cpu import weights
 libc = ctypes.CDLL(None, use_errno=True)
 def tile_data_granted():

@@ -282,7 +282,6 @@ def _bf16_linear_kernel() -> Callable[..., int] | None:
     """linear_bf16.c built for this CPU, or None where it has no AVX2 and FMA or the kernel
     cannot be built (then `F.linear` on fp32 copies computes the layer). At decode sizes it
     is 1.3-3x faster than MKL on the copies (docs/benchmarks.md, "The fp32 linear layers")."""
-
     flags = cpu_features.cpu_flags().split()
     if "avx2" not in flags or "fma" not in flags:
         return None
