@@ -1,0 +1,24 @@
+"""The multi-LoRA linear kernels of CUDA engines (tests/unit/cuda_lora_checks.py): compiled on
+a GPU (bench/gpu/run_tests.sh runs this file there, against vLLM's own kernels too);
+elsewhere in Triton's interpreter, in a fresh process (tests/unit/triton_checks.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from tests.unit import cuda_lora_checks as checks  # noqa: E402
+from tests.unit import triton_checks  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def outcomes() -> dict[str, str | None] | None:
+    """Every check's outcome with Triton's interpreter on; None on a GPU."""
+    return None if checks.ON_GPU else triton_checks.interpreted("tests.unit.cuda_lora_checks")
+
+
+@pytest.mark.parametrize("name", triton_checks.check_names(vars(checks)))
+def test_lora_kernel(name: str, outcomes: dict[str, str | None] | None) -> None:
+    triton_checks.run(name, getattr(checks, name), outcomes)
