@@ -45,7 +45,6 @@ from engine.backends.vllm import lora_slots, masters, shards
 from engine.backends.vllm.cpu import lora_kernels as cpu_lora
 from engine.backends.vllm.cpu import packed as cpu_packed
 from engine.backends.vllm.cpu import weights as cpu_weights
-from engine.backends.vllm.cuda import lora_hooks as cuda_lora_hooks
 from engine.backends.vllm.cuda.weights import DeviceWeights
 from engine.backends.vllm.fingerprint import hashed_bytes
 
@@ -57,8 +56,6 @@ if TYPE_CHECKING:
 cpu_weights.install_live_cpu_gemm()
 # Multi-LoRA (perturbation: lora) on the CPU: grouped kernels instead of per-token copies.
 cpu_lora.install_grouped_cpu_lora()
-# On CUDA, ES Lab's multi-LoRA kernels where ESLAB_CUDA_LORA_KERNELS asks for them.
-cuda_lora_hooks.install_from_environment()
 
 Method = TypeVar("Method", bound=Callable[..., Any])
 
