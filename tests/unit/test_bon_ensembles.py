@@ -317,7 +317,11 @@ def test_reward_model_folders_score_every_answer_with_each_model(tmp_path):
     assert scores["seed1"].shape == (2, 2)
     assert not np.allclose(scores["seed1"], scores["seed2"])
     direct = ScoringModel(folders["seed2"]).score([prompts[1]], [answers[1][0]])
-    assert scores["seed2"][1, 0] == pytest.approx(direct[0])
+    # one answer alone against four padded in a batch: the CPU's sums may differ in the last
+    # bits (5e-7 of 0.33 on an AVX2 EPYC), far less than another model's score differs
+    own = pytest.approx(direct[0], rel=1e-4, abs=1e-6)
+    assert scores["seed2"][1, 0] == own
+    assert scores["seed1"][1, 0] != own
 
 
 @pytest.mark.parametrize(
