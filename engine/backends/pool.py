@@ -427,11 +427,19 @@ class EnginePool:
 
     def _lost_engine(self, exc: Any) -> str:
         ids = [info.get("actor_id") for info in self.infos]
-        if exc.actor_id in ids:
-            index = ids.index(exc.actor_id)
-            which = f"engine {index} of {len(ids)} ({self.devices()[index]})"
-        else:
-            which = f"an engine (Ray actor {exc.actor_id})"
+        if exc.actor_id not in ids:
+            return f"an engine (Ray actor {exc.actor_id}) was lost: {_actor_death(exc)}"
+        index = ids.index(exc.actor_id)
+        which = f"engine {index} of {len(ids)} ({self.devices()[index]})"
+        import ray
+
+        if isinstance(exc, ray.exceptions.ActorUnavailableError):
+            # Ray could not reach the actor and has not yet decided whether it is dead: a
+            # killed node answers "connection refused" until its missed health checks
+            # mark it dead. The run fails either way (the engine's perturbed weights are
+            # gone with the call); the wait only finds the cause to name.
+            if _node_died(self.infos[index].get("node_id"), NODE_VERDICT_WAIT_S):
+                return f"{which} was lost: its Ray node has died ({_actor_death(exc)})"
         return f"{which} was lost: {_actor_death(exc)}"
 
 
@@ -598,6 +606,28 @@ def _bundle(group: Any, index: int) -> dict[str, Any]:
             group, placement_group_bundle_index=index
         )
     }
+
+
+NODE_VERDICT_WAIT_S = 30.0
+"""How long a lost engine's call waits for Ray to say whether the engine's node died: Ray's
+default health checks (every 3 s, 5 missed) take about 15 s to decide."""
+
+
+def _node_died(node_id: str | None, wait_s: float) -> bool:
+    """Whether Ray's control store marks the node dead (or no longer knows it) within
+    wait_s seconds."""
+    import ray
+
+    if node_id is None:
+        return False
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = {node["NodeID"]: node["Alive"] for node in ray.nodes()}
+        if not alive.get(node_id, False):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
 
 
 _ACTOR_DETAILS = re.compile(r"\s*(class_name|actor_id|pid|name|namespace|ip):")

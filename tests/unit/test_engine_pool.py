@@ -244,6 +244,50 @@ def test_a_dead_actor_is_reported_as_the_lost_engine_and_where_it_ran(monkeypatc
     assert caught.value.__cause__ is death
 
 
+@pytest.mark.parametrize("node_dies", [True, False])
+def test_an_unreachable_actor_waits_for_ray_to_say_whether_its_node_died(
+    monkeypatch, node_dies
+):
+    """A killed node answers "connection refused" before its missed health checks mark it
+    dead: the lost engine's message names the dead node only once Ray has said so."""
+    import ray
+
+    from engine.backends import pool as pool_module
+
+    actor = "01" * 16
+    pool = EnginePool.wrap(FakeEngine())
+    pool._local = None
+    pool._actors = [FakeActor(), FakeActor()]
+    pool.infos = [engine_info("box", "a" * 56, "actor0"), engine_info("box", "b" * 56, actor)]
+    unreachable = ray.exceptions.ActorUnavailableError(
+        "RPC Error message: failed to connect to remote host: Connection refused",
+        bytes.fromhex(actor),
+    )
+    polls = []
+
+    def nodes():
+        polls.append(1)
+        dead = node_dies and len(polls) > 1  # alive at the first look, dead at the second
+        return [{"NodeID": "a" * 56, "Alive": True}, {"NodeID": "b" * 56, "Alive": not dead}]
+
+    def get(refs):
+        raise unreachable
+
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(ray, "nodes", nodes)
+    monkeypatch.setattr(pool_module.time, "sleep", lambda s: None)
+    monkeypatch.setattr(pool_module, "NODE_VERDICT_WAIT_S", 0.0 if not node_dies else 60.0)
+    with pytest.raises(EngineLostError) as caught:
+        pool.broadcast("checksum")
+    message = str(caught.value)
+    assert message.startswith(
+        "engine 1 of 2 (box/cpu (Intel(R) Xeon(R)), Ray node bbbbbbbb at 10.0.0.5) was lost: "
+    )
+    assert "Connection refused" in message
+    assert ("its Ray node has died" in message) is node_dies
+    assert len(polls) == (2 if node_dies else 1)
+
+
 def test_engines_on_gpus_share_the_machines_cores_out_not_ray_s_one_thread():
     assert gpu_engine_threads(2, cores=32) == {"OMP_NUM_THREADS": "16"}
     assert gpu_engine_threads(8, cores=4) == {"OMP_NUM_THREADS": "1"}
