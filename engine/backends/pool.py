@@ -433,13 +433,14 @@ class EnginePool:
         which = f"engine {index} of {len(ids)} ({self.devices()[index]})"
         import ray
 
-        if isinstance(exc, ray.exceptions.ActorUnavailableError):
-            # Ray could not reach the actor and has not yet decided whether it is dead: a
-            # killed node answers "connection refused" until its missed health checks
-            # mark it dead. The run fails either way (the engine's perturbed weights are
-            # gone with the call); the wait only finds the cause to name.
-            if _node_died(self.infos[index].get("node_id"), NODE_VERDICT_WAIT_S):
-                return f"{which} was lost: its Ray node has died ({_actor_death(exc)})"
+        # An unavailable actor is one Ray could not reach and has not yet called dead: a
+        # killed node answers "connection refused" until its missed health checks mark it
+        # dead. The run fails either way (the engine's perturbed weights are gone with the
+        # call); the wait only finds the cause to name.
+        if isinstance(exc, ray.exceptions.ActorUnavailableError) and _node_died(
+            self.infos[index].get("node_id"), NODE_VERDICT_WAIT_S
+        ):
+            return f"{which} was lost: its Ray node has died ({_actor_death(exc)})"
         return f"{which} was lost: {_actor_death(exc)}"
 
 

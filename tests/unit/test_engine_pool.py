@@ -245,9 +245,7 @@ def test_a_dead_actor_is_reported_as_the_lost_engine_and_where_it_ran(monkeypatc
 
 
 @pytest.mark.parametrize("node_dies", [True, False])
-def test_an_unreachable_actor_waits_for_ray_to_say_whether_its_node_died(
-    monkeypatch, node_dies
-):
+def test_an_unreachable_actor_waits_for_ray_to_say_whether_its_node_died(monkeypatch, node_dies):
     """A killed node answers "connection refused" before its missed health checks mark it
     dead: the lost engine's message names the dead node only once Ray has said so."""
     import ray
