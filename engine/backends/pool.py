@@ -426,13 +426,13 @@ class EnginePool:
             raise EngineLostError(self._lost_engine(exc)) from exc
 
     def _lost_engine(self, exc: Any) -> str:
-        ids = [info.get("actor_id") for info in self.infos]
-        if exc.actor_id not in ids:
-            return f"an engine (Ray actor {exc.actor_id}) was lost: {_actor_death(exc)}"
-        index = ids.index(exc.actor_id)
-        which = f"engine {index} of {len(ids)} ({self.devices()[index]})"
         import ray
 
+        ids = [info.get("actor_id") for info in self.infos]
+        cause = _actor_death(exc)
+        if exc.actor_id not in ids:
+            return f"an engine (Ray actor {exc.actor_id}) was lost: {cause}"
+        index = ids.index(exc.actor_id)
         # An unavailable actor is one Ray could not reach and has not yet called dead: a
         # killed node answers "connection refused" until its missed health checks mark it
         # dead. The run fails either way (the engine's perturbed weights are gone with the
@@ -440,8 +440,8 @@ class EnginePool:
         if isinstance(exc, ray.exceptions.ActorUnavailableError) and _node_died(
             self.infos[index].get("node_id"), NODE_VERDICT_WAIT_S
         ):
-            return f"{which} was lost: its Ray node has died ({_actor_death(exc)})"
-        return f"{which} was lost: {_actor_death(exc)}"
+            cause = f"its Ray node has died ({cause})"
+        return f"engine {index} of {len(ids)} ({self.devices()[index]}) was lost: {cause}"
 
 
 def _split(items: list[Any], parts: int) -> list[list[Any]]:
