@@ -73,15 +73,22 @@ def linear_shapes(model: str) -> list[tuple[int, int]]:
 
 @triton.jit
 def _noise_product(
-    x_ptr, table_ptr, offsets_ptr, scales_ptr, out_ptr, N, K, M,
+    x_ptr, table_ptr, offsets_ptr, scales_ptr, out_ptr, active_ptr, N, K, M,
     TOKENS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, TT: tl.constexpr,
-    PAIRS: tl.constexpr,
+    PAIRS: tl.constexpr, WHEN: tl.constexpr,
 ):  # fmt: skip
     """out[m's tokens, rows] += s_m * (eps_m[rows, :] @ x[m's tokens].T), eps_m the table's
     block at offsets[m] (in the table's dtype, widened to x's). Programs go member-fastest:
     the members of one row block run side by side, so blocks that overlap in the table meet
     in the L2 cache. With PAIRS, members m and m + M (antithetic: one seed, scales s and -s)
-    share block m, and their tokens fill one tile, so one read of the noise serves both."""
+    share block m, and their tokens fill one tile, so one read of the noise serves both.
+    With WHEN > 0 the kernel adds only while the int32 at active_ptr equals WHEN, and
+    otherwise reads and writes nothing: a flag on the GPU that switches kernels captured in
+    CUDA graphs (bench/gpu/shared_noise_engine.py)."""
+    if WHEN:  # noqa: SIM108 (a constexpr branch: Triton compiles only the taken one)
+        on = (tl.load(active_ptr) == WHEN).to(tl.int32)
+    else:
+        on = tl.full((), 1, tl.int32)
     pid = tl.program_id(0)
     m = pid % M
     rows = (pid // M) * BN + tl.arange(0, BN)
@@ -97,7 +104,7 @@ def _noise_product(
         scale = tl.zeros((TT,), dtype=tl.float32) + tl.load(scales_ptr + m)
     base = tl.load(offsets_ptr + m)
     acc = tl.zeros((BN, TT), dtype=tl.float32)
-    for k0 in range(0, K, BK):
+    for k0 in range(0, K * on, BK):
         cols = k0 + tl.arange(0, BK)
         xt = tl.load(
             x_ptr + token_row[None, :] * K + cols[:, None],
@@ -111,7 +118,8 @@ def _noise_product(
         )
         acc = tl.dot(eps.to(xt.dtype), xt, acc)
     out = out_ptr + token_row[None, :] * N + rows[:, None]
-    mask = (rows[:, None] < N) & valid[None, :]
+    live = (tl.zeros((TT,), dtype=tl.int32) + on) > 0
+    mask = (rows[:, None] < N) & (valid & live)[None, :]
     before = tl.load(out, mask=mask, other=0.0).to(tl.float32)
     tl.store(out, (before + scale[None, :] * acc).to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -182,17 +190,30 @@ def _perturbed_product(
 
 
 def add_noise_product(
-    x, table, offsets, scales, out, tokens: int, bn: int, bk: int, pairs: bool = False
+    x,
+    table,
+    offsets,
+    scales,
+    out,
+    tokens: int,
+    bn: int,
+    bk: int,
+    pairs: bool = False,
+    active: torch.Tensor | None = None,
+    when: int = 0,
 ) -> None:
-    """See _noise_product; with `pairs`, offsets has one block for each pair of members."""
+    """See _noise_product; with `pairs`, offsets has one block for each pair of members;
+    with `active` (an int32 on the GPU), the product is added only while it holds `when`."""
+    if (active is None) != (when == 0):
+        raise ValueError("a gated product needs both the flag and the value it runs at")
     blocks = offsets.numel()
     n, k = out.shape[1], x.shape[1]
     if pairs and 2 * tokens > TOKEN_TILE:
         raise ValueError(f"a pair's {2 * tokens} tokens exceed the tile's {TOKEN_TILE}")
     grid = (triton.cdiv(n, bn) * blocks,)
     _noise_product[grid](
-        x, table, offsets, scales, out, n, k, blocks,
-        TOKENS=tokens, BN=bn, BK=bk, TT=TOKEN_TILE, PAIRS=pairs,
+        x, table, offsets, scales, out, scales if active is None else active, n, k, blocks,
+        TOKENS=tokens, BN=bn, BK=bk, TT=TOKEN_TILE, PAIRS=pairs, WHEN=when,
     )  # fmt: skip
 
 
@@ -264,10 +285,11 @@ def check_kernels(
     tokens: int, members: int, bn: int, bk: int, device: str = "cuda", dtype=torch.bfloat16
 ) -> dict:
     """Each kernel against torch on one small linear: the largest error relative to the
-    output's largest entry (the noise product alone, and with antithetic pairs: members m and
-    m + members/2 on one block at +s and -s), and the share of the exact kernel's perturbed
-    entries whose bits differ from torch.add(w, eps, alpha=s) (read back through a product
-    with the identity, which rounds nothing)."""
+    output's largest entry (the noise product alone, with antithetic pairs: members m and
+    m + members/2 on one block at +s and -s, and gated by a flag that holds its value), the
+    share of outputs that the gated product changed with its flag off, and the share of the
+    exact kernel's perturbed entries whose bits differ from torch.add(w, eps, alpha=s) (read
+    back through a product with the identity, which rounds nothing)."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     n, k, s = 192, 256, 1e-3
     w = (0.02 * torch.randn(n, k, generator=gen)).to(device, dtype)
@@ -297,6 +319,12 @@ def check_kernels(
     add_noise_product(x, table, offsets, scales, got, tokens, bn, bk)
     got_pairs = x @ w.T
     add_noise_product(x, table, offsets[:half], pair_scales, got_pairs, tokens, bn, bk, True)
+    flag = torch.zeros(1, dtype=torch.int32, device=device)
+    gated = {}
+    for state in (0, 2):  # the flag off (0), then on at the kernel's value
+        flag.fill_(state)
+        gated[state] = x @ w.T
+        add_noise_product(x, table, offsets, scales, gated[state], tokens, bn, bk, False, flag, 2)
     exact = torch.empty_like(got)
     perturbed_product(x, w, table, offsets, scales, exact, tokens, bn, bk)
     rows = torch.arange(members * tokens, device=device)
@@ -308,6 +336,8 @@ def check_kernels(
     return {
         "noise_kernel_error": error(got, want_noise),
         "noise_pairs_kernel_error": error(got_pairs, want_pairs),
+        "gated_on_error": error(gated[2], want_noise),
+        "gated_off_changed": (gated[0] != x @ w.T).float().mean().item(),
         "exact_kernel_error": error(exact, want_exact),
         "exact_bits_differ": (tiles != expected).float().mean().item(),
     }

@@ -55,10 +55,10 @@ from table import BATCH, PHASES, TOKENS, render
 TRAIN_FILE = resolve_path("data/conciseness/train.parquet")
 
 
-def batch_prompts() -> list:
-    """The BATCH prompts of the reference call: the task's prompts, repeated."""
+def batch_prompts(count: int = BATCH) -> list:
+    """The `count` prompts of the reference call: the task's prompts, repeated."""
     prompts = [e.prompt for e in load_dataset(TRAIN_FILE)]
-    return [prompts[i % len(prompts)] for i in range(BATCH)]
+    return [prompts[i % len(prompts)] for i in range(count)]
 
 
 REFERENCE_CALLS = 3
@@ -71,7 +71,16 @@ JSON, so a file shows its own spread."""
 def plain_call(
     engine, prompts: list, max_tokens: int, salts: list[str] | None = None, adapters=None
 ) -> tuple[float, int]:
-    """(seconds, generated tokens) of one `vllm.LLM.generate` call as a user of vLLM makes it,
+    """(seconds, generated tokens) of one `vllm.LLM.generate` call as a user of vLLM makes it
+    (`timed_generate`)."""
+    seconds, outputs = timed_generate(engine, prompts, max_tokens, salts, adapters)
+    return seconds, sum(len(o.token_ids) for out in outputs for o in out.outputs)
+
+
+def timed_generate(
+    engine, prompts: list, max_tokens: int, salts: list[str] | None = None, adapters=None
+) -> tuple[float, list]:
+    """(seconds, vLLM's outputs) of one `vllm.LLM.generate` call as a user of vLLM makes it,
     greedy, the GPU synchronized at both ends: vLLM's own detokenizer, not ES Lab's batch
     decode (engine/backends/vllm/detokenize.py), so that the reference is plain vLLM's rate.
     Every prompt carries its cache salt (default: the engine's current one)."""
@@ -92,8 +101,7 @@ def plain_call(
     start = time.perf_counter()
     outputs = engine.llm.generate(requests, params, use_tqdm=False, **extra)
     engine.check("es_check_synchronize")
-    seconds = time.perf_counter() - start
-    return seconds, sum(len(o.token_ids) for out in outputs for o in out.outputs)
+    return time.perf_counter() - start, outputs
 
 
 def batched_tokens_per_s(pool: EnginePool, max_tokens: int, results: dict) -> float:
