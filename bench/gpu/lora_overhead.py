@@ -68,13 +68,19 @@ def summary(times: dict[str, list[float]], tokens: dict[str, list[int]]) -> dict
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def rounds_arguments(description: str) -> argparse.Namespace:
+    """The arguments of a script that times parts in interleaved rounds on one engine: the
+    measured run's (add_run_arguments), --rounds and --json."""
+    parser = argparse.ArgumentParser(description=description)
     add_run_arguments(parser)
     parser.set_defaults(**ONE_ENGINE)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = rounds_arguments(__doc__.split("\n\n")[0])
     pool = lora_pool(args, common_options(args))
     engine = pool._local
     config = es_config(args, lora=True)

@@ -36,7 +36,6 @@ would have), and, from one untimed call of each part, the share of sequences who
 tokens differ from the reference's: 0 would say the kernels never ran.
 """
 
-import argparse
 import json
 import platform
 import sys
@@ -46,11 +45,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lora_overhead import summary
+from lora_overhead import rounds_arguments, summary
 from shared_reads import add_noise_product
 from utilization import (
-    ONE_ENGINE,
-    add_run_arguments,
     batch_prompts,
     common_options,
     full_rank_pool,
@@ -176,12 +173,7 @@ def changed_share(engine, prompts: list, flag: torch.Tensor, part: str) -> float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_run_arguments(parser)
-    parser.set_defaults(**ONE_ENGINE)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    args = rounds_arguments(__doc__.split("\n\n")[0])
     noise = install(args.population, args.prompts)
     pool = full_rank_pool(args, 1, common_options(args))
     engine = pool._local
@@ -200,41 +192,34 @@ def main() -> None:
     finally:
         noise.flag.fill_(PARTS["reference"])
         pool.shutdown()
-    rows = summary(times, tokens)
-    card = torch.cuda.get_device_name()
+    import vllm
+
+    result = {
+        "card": torch.cuda.get_device_name(),
+        "vllm": vllm.__version__,
+        "host": platform.node(),
+        "model": args.model,
+        "population": args.population,
+        "prompts": args.prompts,
+        "max_tokens": args.max_tokens,
+        "layers": len(noise.offsets),
+        "rows": summary(times, tokens),
+        "sequences_changed": changed,
+        "command": " ".join(sys.argv),
+    }
     print(
-        f"{card}, {args.model}: {args.population} members x {args.prompts} prompts in one "
-        f"engine, {args.max_tokens} tokens, {args.rounds} rounds (median); "
+        f"{result['card']}, {args.model}: {args.population} members x {args.prompts} prompts "
+        f"in one engine, {args.max_tokens} tokens, {args.rounds} rounds (median); "
         f"{len(noise.offsets)} layers add member noise"
     )
-    for part, row in rows.items():
+    for part, row in result["rows"].items():
         print(
             f"  {part:10s} {row['median_s']:7.3f} s  {row['tokens_per_s']:9,.0f} tokens/s"
             f"  x{row['x_reference']:5.2f}  utilization {1 / row['x_reference']:.2f}"
             f"  sequences changed {changed[part]:.2f}"
         )
     if args.json:
-        import vllm
-
-        args.json.write_text(
-            json.dumps(
-                {
-                    "card": card,
-                    "vllm": vllm.__version__,
-                    "host": platform.node(),
-                    "model": args.model,
-                    "population": args.population,
-                    "prompts": args.prompts,
-                    "max_tokens": args.max_tokens,
-                    "layers": len(noise.offsets),
-                    "rows": rows,
-                    "sequences_changed": changed,
-                    "command": " ".join(sys.argv),
-                },
-                indent=1,
-            )
-            + "\n"
-        )
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -5,20 +5,14 @@ before Triton is first imported (vLLM imports it in this one)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from tests.unit import cuda_weight_checks as checks  # noqa: E402
+from tests.unit.fresh_process import checked_in_fresh_process  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 CHECKS = sorted(name for name in vars(checks) if name.startswith("check_"))
 
 
@@ -27,17 +21,7 @@ def interpreted() -> dict[str, str | None] | None:
     """Every check's outcome in a process with Triton's interpreter on; None on a GPU."""
     if checks.ON_GPU:
         return None
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.unit.cuda_weight_checks"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return checked_in_fresh_process(["-m", "tests.unit.cuda_weight_checks"], interpret=True)
 
 
 @pytest.mark.parametrize("name", CHECKS)

@@ -9,18 +9,13 @@ from the bench would come from."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from tests.unit.fresh_process import checked_in_fresh_process
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-ROOT = Path(__file__).resolve().parents[2]
 CHECK = (
     "import json, torch; from bench.gpu import shared_reads as s; "
     "print(json.dumps(s.check_kernels({tokens}, {members}, {bn}, {bk}, device={device!r}, "
@@ -32,30 +27,12 @@ ON_GPU = torch.cuda.is_available()
 DEVICE, DTYPE = ("cuda", "bfloat16") if ON_GPU else ("cpu", "float32")
 
 
-def run_check(code: str) -> dict:
-    """The JSON that `code` prints last, run in a fresh process (with the interpreter on
-    where there is no GPU)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    if not ON_GPU:
-        env["TRITON_INTERPRET"] = "1"
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 # 8 tokens a member (a pair fills the 16-token tile) on a 64x64 tile; 5 tokens a member on
 # 128-row tiles, which do not divide the linear's 192 rows, so that masked edges run too.
 @pytest.mark.parametrize(("tokens", "bn", "bk"), [(8, 64, 64), (5, 128, 128)])
 def test_the_shared_ways_compute_each_members_product(tokens: int, bn: int, bk: int) -> None:
     code = CHECK.format(tokens=tokens, members=4, bn=bn, bk=bk, device=DEVICE, dtype=DTYPE)
-    got = run_check(code)
+    got = checked_in_fresh_process(["-c", code], interpret=not ON_GPU)
     tolerance = 2e-2 if ON_GPU else 1e-5
     assert got["noise_kernel_error"] < tolerance
     assert got["noise_pairs_kernel_error"] < tolerance
@@ -109,7 +86,7 @@ def test_the_engine_bench_adds_each_members_noise_by_the_flag() -> None:
     m + members/2 of the rows present), nothing at 0, nor in a pass of more rows than the
     population has (a prefill)."""
     code = MEMBER_NOISE.replace("DEVICE", repr(DEVICE)).replace("DTYPE", DTYPE)
-    got = run_check(code)
+    got = checked_in_fresh_process(["-c", code], interpret=not ON_GPU)
     tolerance = 2e-2 if ON_GPU else 1e-5
     assert got["index"] == 0
     assert got["off"] == 0.0
