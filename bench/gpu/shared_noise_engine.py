@@ -62,7 +62,7 @@ TABLE_LEN = 2**28
 the models measured (the 1.07B model's embedding, 100.7M), as engine.noise sizes its table."""
 TILE = (64, 64)
 """Rows and columns of the noise product's tiles: the fastest of bench/gpu/shared_reads.py's
-on an H100 at both models (bench/gpu/results/shared-reads/)."""
+for the members' noise on an H100 at both models (bench/gpu/results/shared-reads/)."""
 SCALE = 0.01
 
 
