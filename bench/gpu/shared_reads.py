@@ -21,13 +21,14 @@ engine), the members' blocks overlap in the table, and the L2 cache can serve mo
 The spreads time how much of that the cache delivers.
 
 Each way is captured in one CUDA graph (as vLLM runs a decode step) and timed as the median
-of --repeats replays. Also printed: one read of all the linear weights (the bandwidth floor of
-the separate copies, per member) and the unperturbed GEMM alone at the population's token
-count (what one batched call of the same tokens costs); each shared row says how many times
-faster than the baseline it is. A check first compares every kernel with torch on a small
-linear (errors relative to the output's largest entry; for the exact way, the share of
-perturbed entries whose bits differ from the engine's perturbation). Results, one JSON
-object, go to --json. Runs on the GPU image as it comes (torch and Triton only):
+of --repeats replays. Also printed: one read of all the linear weights (by `sum`, tensor by
+tensor; slower than a member's cuBLAS products, so not a floor) and the unperturbed GEMM alone
+at the population's token count (what one batched call of the same tokens costs); each shared
+row says how many times faster than the baseline it is. A check first compares every kernel
+with torch on a small linear (errors relative to the output's largest entry; for the exact
+way, the share of perturbed entries whose bits differ from the engine's perturbation).
+Results, one JSON object, go to --json. Runs on the GPU image as it comes (torch and Triton,
+and engine/noise.py's table length, which needs nothing installed):
 
     python3 bench/gpu/shared_reads.py [--model 1b|135m] [--members 32] [--tokens 8]
         [--spreads table 1048576 65536 0] [--json FILE]
@@ -39,6 +40,7 @@ import argparse
 import functools
 import json
 import statistics
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +48,9 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from engine.noise import noise_table_len  # stdlib imports only: runs without an install
 
 # (hidden, intermediate, layers, query heads, key-value heads, head dim, vocabulary), as
 # bench/gpu/make_models.py builds them; the embedding is tied, so lm_head reads it.
@@ -362,7 +367,7 @@ class Step:
         shapes = linear_shapes(model)
         largest = max(n * k for n, k in shapes)
         x = torch.randn(members * tokens, max(k for _, k in shapes), device="cuda").bfloat16()
-        table = torch.randn(max(2**26, 2 * largest), device="cuda", dtype=torch.bfloat16)
+        table = torch.randn(noise_table_len(largest), device="cuda", dtype=torch.bfloat16)
         half = members // 2
         return cls(
             shapes=shapes,
