@@ -115,25 +115,41 @@ LORA_TEST_KV_BYTES = 1 << 30
 """1 GiB of KV cache: about 45k tokens of the default model, 64 sequences x 700 tokens."""
 
 
+def _slot_engine(model_dir: Path, options: dict, slot_args: dict) -> object:
+    """A multi-LoRA VLLMEngine for a population of LORA_TEST_MAX_LORAS members in adapter
+    slots: 8 members x 8 prompts decode together. The KV cache is sized in bytes: vLLM on the
+    CPU takes a RAM share minus this process's resident memory, which other session engines
+    (in this same process) had already grown past the share in a full run."""
+    from engine.backends.vllm.engine import VLLMEngine
+
+    extra = {**slot_args, "kv_cache_memory_bytes": LORA_TEST_KV_BYTES}
+    return VLLMEngine(str(model_dir), **{**options, "max_num_seqs": 64, "extra_llm_args": extra})
+
+
 @pytest.fixture(scope="session")
 def vllm_lora_engine(default_model_dir: Path, vllm_engine_options: dict) -> Iterator[object]:
     """One multi-LoRA VLLMEngine (perturbation: lora) on the default model for the session;
     max_lora_rank 8 serves members of rank <= 8 (rank <= 4 in lora_update adapter mode)."""
-    from engine.backends.vllm.engine import VLLMEngine
     from engine.backends.vllm.lora_slots import lora_llm_args
     from engine.config.schema import LoraConfig
     from engine.lowrank.factors import parse_modules
 
-    # 8 members x 8 prompts decode together. The KV cache is sized in bytes: vLLM on the CPU
-    # takes a RAM share minus this process's resident memory, which other session engines
-    # (in this same process) had already grown past the share in a full run.
     targets = parse_modules(LoraConfig().lora_target_modules)  # every test's are among these
-    extra = {
-        **lora_llm_args(LORA_TEST_MAX_LORAS, 8, targets),
-        "kv_cache_memory_bytes": LORA_TEST_KV_BYTES,
-    }
-    options = {**vllm_engine_options, "max_num_seqs": 64, "extra_llm_args": extra}
-    engine = VLLMEngine(str(default_model_dir), **options)
+    args = lora_llm_args(LORA_TEST_MAX_LORAS, 8, targets)
+    engine = _slot_engine(default_model_dir, vllm_engine_options, args)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def vllm_noise_engine(default_model_dir: Path, vllm_engine_options: dict) -> Iterator[object]:
+    """One VLLMEngine of full-rank members in LoRA slots (perturbation: full_batched) on the
+    default model for the session, on every linear module."""
+    from engine.backends.vllm.member_noise import noise_llm_args
+    from engine.lowrank.factors import TARGET_MODULES
+
+    args = noise_llm_args(LORA_TEST_MAX_LORAS, TARGET_MODULES)
+    engine = _slot_engine(default_model_dir, vllm_engine_options, args)
     yield engine
     engine.shutdown()
 

@@ -76,15 +76,16 @@ def plan(config: Mapping[str, Any], *, gpus: bool) -> Plan:
 
     auto with a number of engines per GPU E means one card's worth, E engines; engines_per_gpu
     auto with a number of engines means one engine a GPU. An engine of several GPUs
-    (tensor_parallel_size > 1) gets them to itself, and so does a LoRA engine, whose batched
-    multi-LoRA call already fills its card. Only both auto on full-rank engines of one GPU
+    (tensor_parallel_size > 1) gets them to itself, and so does an engine of a population in
+    adapter slots (perturbation lora or full_batched), whose batched call already fills its
+    card. Only both auto on full-rank engines of one GPU
     leave the number to the job."""
     tp = int(config.get("tensor_parallel_size") or 1)
     num, per = _setting(config, "num_engines"), _setting(config, "engines_per_gpu")
     if not gpus:
         engines = 1 if num == AUTO else int(num)
         return Plan(engines, 1, engines > 1, {"CPU": float(engines)}, 0.0)
-    alone = tp > 1 or config.get("perturbation") == "lora"
+    alone = tp > 1 or config.get("perturbation") in ("lora", "full_batched")
     if num == AUTO and per == AUTO and not alone:
         return Plan(None, None, True, {"GPU": 1.0}, 0.0)
     per = 1 if per == AUTO else int(per)

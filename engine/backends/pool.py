@@ -265,13 +265,21 @@ class EnginePool:
         )
 
     def completion_logprobs(
-        self, prompts: Sequence[Prompt], completions: Sequence[str | Sequence[int]]
+        self,
+        prompts: Sequence[Prompt],
+        completions: Sequence[str | Sequence[int]],
+        adapters: Sequence[int | str | None] | None = None,
     ) -> list[float]:
-        """Mean completion log-probabilities under the unperturbed model, split over engines."""
+        """Mean completion log-probabilities under the unperturbed model, split over engines;
+        `adapters` as in generate."""
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
         k = self.num_engines
-        args = list(zip(_split(list(prompts), k), _split(list(completions), k), strict=True))
+        args: list[tuple[Any, ...]] = list(
+            zip(_split(list(prompts), k), _split(list(completions), k), strict=True)
+        )
+        if adapters is not None:
+            args = [(*a, part) for a, part in zip(args, _split(list(adapters), k), strict=True)]
         return [x for out in self._scatter("completion_logprobs", args) for x in out]
 
     # ---- weights on every engine ----------------------------------------------------------------

@@ -233,25 +233,41 @@ _LORA_OPTIONS = (
     "lora_update",
 )
 
+_TARGET_OPTIONS = ("lora_target_modules", "lora_target_layers")
+"""The options of _LORA_OPTIONS that perturbation full_batched reads too."""
 
-@_rule("method", "perturbation", *_LORA_OPTIONS)
+
+@_rule("method", "perturbation", "tensor_parallel_size", *_LORA_OPTIONS)
 def _lora_options(v: dict[str, Any]) -> Iterator[FieldError]:
     from engine.lowrank.factors import parse_layers, parse_modules
 
-    if v["perturbation"] == "full":
-        for name in _LORA_OPTIONS:  # silently ignored otherwise
-            if v[name] != SPECS[name].default:
-                yield FieldError(
-                    name,
-                    f"lora.{name} only applies to perturbation 'lora', got "
-                    f"{show(v[name])}: remove it or set perturbation lora",
-                )
+    perturbation = v["perturbation"]
+    applies = {
+        "full": (),
+        "full_batched": _TARGET_OPTIONS,
+        "lora": _LORA_OPTIONS,
+    }[perturbation]
+    for name in _LORA_OPTIONS:  # silently ignored otherwise
+        if name not in applies and v[name] != SPECS[name].default:
+            modes = "'lora' or 'full_batched'" if name in _TARGET_OPTIONS else "'lora'"
+            yield FieldError(
+                name,
+                f"lora.{name} only applies to perturbation {modes}, got "
+                f"{show(v[name])}: remove it or set perturbation lora",
+            )
+    if perturbation == "full":
         return
-    if v["method"] != "es":
+    if perturbation == "lora" and v["method"] != "es":
         yield FieldError(
             "perturbation",
             f"lora.perturbation 'lora' needs method es, got "
-            f"{v['method']!r}: use perturbation full for lbes",
+            f"{v['method']!r}: use perturbation full or full_batched for lbes",
+        )
+    if perturbation == "full_batched" and v["tensor_parallel_size"] != 1:
+        yield FieldError(
+            "perturbation",
+            "lora.perturbation 'full_batched' needs tensor_parallel_size 1, got "
+            f"{v['tensor_parallel_size']}: use perturbation full for tensor parallelism",
         )
     for name, parse in (
         ("lora_target_modules", parse_modules),

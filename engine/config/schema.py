@@ -687,20 +687,26 @@ class LoggingConfig:
 
 _LORA_DEFAULT_MODULES = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
+PERTURBATIONS = ("full", "full_batched", "lora")
+
 
 @dataclass(frozen=True)
 class LoraConfig:
-    """Perturbation mode: full-rank noise on every weight, or low-rank LoRA members."""
+    """Perturbation mode: full-rank noise (member by member, or batched), or LoRA members."""
 
     TITLE: ClassVar[str] = "LoRA perturbation"
 
     perturbation: str = option(
         "full",
-        "full: every weight gets seeded Gaussian noise, one member at a time. lora: "
-        "each member is a seeded rank-r adapter (EGGROLL) and the whole population is "
-        "evaluated in one batched engine call (vLLM multi-LoRA); ES method only.",
+        "full: every weight gets seeded Gaussian noise, one member at a time. "
+        "full_batched: full-rank noise on the weights of the target modules (below), and "
+        "the whole population in one batched engine call: each layer adds every member's "
+        "noise product to the unperturbed one, so no member's weights are written "
+        "(embedding, norms and LM head stay unperturbed; tensor_parallel_size 1; for GPUs, "
+        "slower than full on a CPU). lora: "
+        "each member is a seeded rank-r adapter (EGGROLL), also in one call; ES method only.",
         label="Perturbation",
-        choices=("full", "lora"),
+        choices=PERTURBATIONS,
     )
     lora_rank: int = option(
         4,
@@ -719,12 +725,15 @@ class LoraConfig:
     )
     lora_target_modules: str = option(
         _LORA_DEFAULT_MODULES,
-        "Comma-separated linear modules that members perturb.",
+        "Comma-separated linear modules that members perturb (lora and full_batched; "
+        "full_batched perturbs a fused layer's weight whole, so name all of q/k/v or "
+        "gate/up together).",
         label="Perturbed modules",
     )
     lora_target_layers: str | None = option(
         None,
-        "Layers that members perturb, e.g. 0-9 or 0,2,4; None means every layer.",
+        "Layers that members perturb (lora and full_batched), e.g. 0-9 or 0,2,4; None "
+        "means every layer.",
         label="Perturbed layers",
     )
     lora_noise_scaling: str = option(

@@ -17,26 +17,22 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engine import metrics as mk
 from engine.backends.pool import EnginePool
 from engine.config import RunConfig
-from engine.es import Member
 from engine.lowrank.factors import (
     LoraTarget,
     TrainedAdapter,
-    find_targets,
     layer_scales,
-    parse_layers,
     parse_modules,
     write_adapter,
 )
 from engine.noise import shared_noise_table
-from engine.scoring.batch import ScoredBatch
-from engine.tasks import GenerateAndScore
+from engine.slot_population import SlotPopulation, run_targets
 
 ADAPTER_DIR = "adapter"
 """Folder of the trained adapter inside the output folder and checkpoints (adapter mode)."""
@@ -54,31 +50,19 @@ def engine_args(config: RunConfig) -> dict[str, Any]:
     return lora_llm_args(config.es.population_size, rank, parse_modules(lora.lora_target_modules))
 
 
-class LoraPopulation:
-    """Targets, per-layer scales and (adapter mode) the trained adapter of one run."""
+class LoraPopulation(SlotPopulation):
+    """Targets, per-layer scales and (adapter mode) the trained adapter of one run; the
+    members' evaluation in one call is SlotPopulation's."""
 
     def __init__(self, config: RunConfig, model_dir: str | Path) -> None:
         from safetensors import safe_open
 
-        from engine.backends.vllm.hf_export import source_tensor_specs
-
         lora = config.lora
         self.model_dir = str(model_dir)
         self.rank, self.alpha, self.mode = lora.lora_rank, lora.lora_alpha, lora.lora_update
-        specs = source_tensor_specs(model_dir)
-        if not specs:
-            raise ValueError(
-                f"model: no safetensors weights in {model_dir} (lora mode reads "
-                "the shapes and scales of its target layers there)"
-            )
-        self.targets: list[LoraTarget] = find_targets(
-            specs, parse_modules(lora.lora_target_modules), parse_layers(lora.lora_target_layers)
+        self.targets: list[LoraTarget] = run_targets(
+            config, model_dir, "lora mode reads the shapes and scales of its target layers there"
         )
-        if not self.targets:
-            raise ValueError(
-                f"no LoRA target in {model_dir} for lora_target_modules "
-                f"{lora.lora_target_modules!r}, layers {lora.lora_target_layers!r}"
-            )
         wanted = {f"{t.name}.weight" for t in self.targets}
         weights = {}
         for file in sorted(Path(model_dir).glob("*.safetensors")):
@@ -88,48 +72,9 @@ class LoraPopulation:
         self.trained = TrainedAdapter(self.targets, self.rank) if self.mode == "adapter" else None
         self.root: Path | None = None  # adapter mode: where the trained factors go each step
 
-    # ---- one step ---------------------------------------------------------------------------
+    # ---- one step ----------------------------------------------------------------------------
 
-    def evaluate(
-        self,
-        pool: EnginePool,
-        members: Sequence[Member],
-        noise_std: float,
-        task: GenerateAndScore,
-        step: int,
-    ) -> list[ScoredBatch]:
-        """All members' completions in one engine call, scored per member, in member order.
-        `pool.last_stats` gets the time of writing the members' slots as the perturb phase."""
-        start = time.perf_counter()
-        slots = [m.index for m in members for _ in task.prompts]
-        pool.set_lora_members(
-            {m.index: (m.seed, m.sign * noise_std) for m in members}, slots, self._member_spec(step)
-        )
-        written = time.perf_counter()
-        s = task.sampling
-        outputs = pool.generate(
-            task.prompts * len(members),
-            n=s.n,
-            temperature=s.temperature,
-            max_tokens=s.max_tokens,
-            seed=s.seed,
-            adapters=slots,
-        )
-        generated = time.perf_counter()
-        per_member = len(task.prompts)
-        results = []
-        for i in range(len(members)):
-            score_start = time.perf_counter()
-            batch = task.score(outputs[i * per_member : (i + 1) * per_member])
-            batch.timings = {
-                "generation": (generated - written) / len(members),
-                "reward": time.perf_counter() - score_start,
-            }
-            results.append(batch)
-        pool.last_stats = {"perturb_s": written - start, "restore_s": 0.0}
-        return results
-
-    def _member_spec(self, step: int) -> dict[str, Any]:
+    def member_spec(self, step: int) -> dict[str, Any]:
         """What the workers need to draw this step's members (lora_slots.write_member_slots):
         targets, rank, scales and, in adapter mode, the file of the trained factors."""
         from engine.backends.vllm.lora_slots import lora_update_spec
@@ -148,6 +93,9 @@ class LoraPopulation:
             save_file(self.trained.state(), str(path))
             spec["trained"] = str(path)
         return spec
+
+    def metrics(self) -> dict[str, float]:
+        return {mk.LORA_RANK: float(self.rank)}
 
     def update(self, pool: EnginePool, seeds: Sequence[int], coefficients: Sequence[float]) -> None:
         """Merge into every engine's fp32 master, or fold into the trained adapter."""

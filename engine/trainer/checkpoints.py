@@ -24,8 +24,8 @@ from engine import metrics as mk
 from engine.backends.pool import EnginePool
 from engine.batches import Position
 from engine.config import RunConfig
-from engine.lowrank.population import LoraPopulation
 from engine.sink import Sink, StepReport
+from engine.slot_population import SlotPopulation
 from engine.trainer.reporting import Totals
 
 STATE_FILE = "trainer_state.json"
@@ -66,16 +66,16 @@ class Checkpoints:
         config: RunConfig,
         pool: EnginePool,
         output_dir: Path,
-        lora: LoraPopulation | None,
+        slots: SlotPopulation | None,
         sink: Sink,
     ) -> None:
         self.config, self.pool, self.output_dir = config, pool, output_dir
-        self.lora, self.sink = lora, sink
+        self.slots, self.sink = slots, sink
         self.saved = -1
         self.best: Best | None = None
 
     def resume(self, path: str | Path) -> TrainerState:
-        state = load_checkpoint(Path(path), self.pool, self.lora)
+        state = load_checkpoint(Path(path), self.pool, self.slots)
         self.best = read_best(Path(path))
         self.sink.log_event("info", f"resumed from {path} at step {state.global_step}")
         return state
@@ -85,7 +85,7 @@ class Checkpoints:
         if self.saved == state.global_step:
             return
         path = save_checkpoint(
-            self.config, self.pool, state, self.output_dir, self.lora, best=self.best
+            self.config, self.pool, state, self.output_dir, self.slots, best=self.best
         )
         self._record(state, path)
         self.saved = state.global_step
@@ -122,7 +122,7 @@ class Checkpoints:
                 self.pool,
                 state,
                 self.output_dir,
-                self.lora,
+                self.slots,
                 for_resume_only=True,
                 best=self.best,
             )
@@ -139,7 +139,7 @@ class Checkpoints:
     def save_final(self) -> Path:
         """The trained model as a Hugging Face folder in output_dir itself."""
         self.pool.save_hf(str(self.output_dir))
-        if self.lora is not None and (adapter := self.lora.save(self.output_dir)) is not None:
+        if self.slots is not None and (adapter := self.slots.save(self.output_dir)) is not None:
             self.sink.log_event("info", f"trained adapter saved to {adapter}")
         self.sink.log_event("info", f"final model saved to {self.output_dir}")
         return self.output_dir
@@ -150,7 +150,7 @@ def save_checkpoint(
     pool: EnginePool,
     state: TrainerState,
     output_dir: Path,
-    lora: LoraPopulation | None = None,
+    slots: SlotPopulation | None = None,
     *,
     for_resume_only: bool = False,
     best: Best | None = None,
@@ -169,8 +169,8 @@ def save_checkpoint(
         if not for_resume_only:
             pool.save_hf(str(partial))
         pool.save_master(str(partial / MASTER_DIR))
-        if lora is not None:
-            lora.save(partial)  # adapter mode: the trained adapter
+        if slots is not None:
+            slots.save(partial)  # lora's adapter mode: the trained adapter
         (partial / STATE_FILE).write_text(
             json.dumps(
                 {**asdict(state), **(asdict(best) if best else {}), "config": config.to_flat()},
@@ -239,15 +239,15 @@ def list_checkpoints(output_dir: Path) -> list[Path]:
 
 
 def load_checkpoint(
-    path: Path, pool: EnginePool, lora: LoraPopulation | None = None
+    path: Path, pool: EnginePool, slots: SlotPopulation | None = None
 ) -> TrainerState:
     state_file = path / STATE_FILE
     if not state_file.is_file():
         raise FileNotFoundError(f"{path} is not a checkpoint: {STATE_FILE} is missing")
     data = json.loads(state_file.read_text())
     pool.load_master(str(path / MASTER_DIR))
-    if lora is not None:
-        lora.load(path)
+    if slots is not None:
+        slots.load(path)
     return TrainerState(
         global_step=data["global_step"],
         epoch=data["epoch"],

@@ -21,11 +21,11 @@ from engine.config import RunConfig
 from engine.data.datasets import Example
 from engine.es import Member, population, update_coefficients, update_terms
 from engine.fitness import macro_shape_fitness, shape_fitness
-from engine.lowrank.population import LoraPopulation
 from engine.noise import derive_seed
 from engine.scoring.batch import ScoredBatch
 from engine.scoring.sources import RewardSources
 from engine.sink import StepReport
+from engine.slot_population import SlotPopulation
 from engine.tasks import GenerateAndScore, SamplingSpec
 from engine.trainer.reporting import (
     completion_metrics,
@@ -46,20 +46,21 @@ def es_step(
     noise_std: float,
     learning_rate: float,
     stop: Callable[[], bool] | None = None,
-    lora: LoraPopulation | None = None,
+    slots: SlotPopulation | None = None,
     aligner: Aligner | None = None,
 ) -> StepReport:
-    """One ES step; with `lora` the members are low-rank adapters evaluated in one call."""
+    """One ES step; with `slots` the members are held in the engines' adapter slots and
+    evaluated in one call (perturbation lora or full_batched)."""
     members = population(config.data.seed, step, config.es.population_size, config.es.antithetic)
     task = generate_task(config, examples, step, description=f"step {step + 1}")
-    if lora is None:
+    if slots is None:
         results: list[ScoredBatch] = pool.evaluate(
             [(m.seed, m.sign * noise_std) for m in members], task, stop=stop
         )
     else:
         if stop is not None and stop():
             raise EvaluationStopped("stopped before the population was evaluated")
-        results = lora.evaluate(pool, members, noise_std, task, step)
+        results = slots.evaluate(pool, members, noise_std, task, step)
 
     mean_rewards = np.array([r.fitness for r in results])  # [N]
     fitness = aligner.fitness(results) if aligner is not None else mean_rewards
@@ -77,10 +78,10 @@ def es_step(
         )
     else:
         shaped = shape_fitness(config.es.fitness_shaping, fitness)
-    update_seconds = apply_update(pool, members, shaped, learning_rate, noise_std, lora)
+    update_seconds = apply_update(pool, members, shaped, learning_rate, noise_std, slots)
 
     metrics = {
-        **({mk.LORA_RANK: float(lora.rank)} if lora is not None else {}),
+        **(slots.metrics() if slots is not None else {}),
         # lbes's spread: each (prompt, sample)'s reward across the population
         **train_score_metrics(
             np.stack([r.rewards for r in results]), stacked_parts(results), axis=0
@@ -140,13 +141,13 @@ def apply_update(
     shaped: np.ndarray,
     learning_rate: float,
     noise_std: float,
-    lora: LoraPopulation | None = None,
+    slots: SlotPopulation | None = None,
 ) -> float:
     start = time.perf_counter()
     coefficients = update_coefficients(shaped, [m.sign for m in members], learning_rate, noise_std)
     terms = update_terms(members, coefficients)
-    if lora is None:
+    if slots is None:
         pool.update([seed for seed, _ in terms], [c for _, c in terms])
     else:
-        lora.update(pool, [seed for seed, _ in terms], [c for _, c in terms])
+        slots.update(pool, [seed for seed, _ in terms], [c for _, c in terms])
     return time.perf_counter() - start

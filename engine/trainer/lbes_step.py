@@ -10,6 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from engine import metrics as mk
+from engine.backends.base import EvaluationStopped
 from engine.backends.pool import EnginePool
 from engine.config import RunConfig
 from engine.data.datasets import Example
@@ -17,6 +18,7 @@ from engine.es import population
 from engine.fitness import shape_fitness
 from engine.lbes import filter_rewards, member_correlations, reference_tiebreak
 from engine.sink import StepReport
+from engine.slot_population import SlotPopulation
 from engine.tasks import CompletionLogprobs
 from engine.trainer.es_step import apply_update, generate_task
 from engine.trainer.reporting import (
@@ -36,8 +38,10 @@ def lbes_step(
     noise_std: float,
     learning_rate: float,
     stop: Callable[[], bool] | None = None,
+    slots: SlotPopulation | None = None,
 ) -> StepReport | None:
-    """None when no sample survives the filters: the step is skipped."""
+    """None when no sample survives the filters: the step is skipped. With `slots` the
+    members are held in the engines' adapter slots and scored in one call."""
     base_start = time.perf_counter()
     base = generate_task(config, examples, step, description=f"step {step + 1} (base model)")(pool)
     base_seconds = time.perf_counter() - base_start
@@ -52,7 +56,12 @@ def lbes_step(
         completions=[base.token_ids[b][j] for b, j in rows],
     )
     logprob_start = time.perf_counter()
-    per_member = pool.evaluate([(m.seed, m.sign * noise_std) for m in members], task, stop=stop)
+    if slots is None:
+        per_member = pool.evaluate([(m.seed, m.sign * noise_std) for m in members], task, stop=stop)
+    else:
+        if stop is not None and stop():
+            raise EvaluationStopped("stopped before the population was evaluated")
+        per_member = slots.log_likelihoods(pool, members, noise_std, task, step)
     logprob_seconds = time.perf_counter() - logprob_start
     logliks = np.full((len(members), *base.rewards.shape), np.nan)  # [N, B, n]
     for i, values in enumerate(per_member):
@@ -61,7 +70,7 @@ def lbes_step(
         base.rewards, logliks, kept.kept, flat=config.lbes.flat_corrcoef
     )
     shaped = shape_fitness(config.es.fitness_shaping, correlations)
-    update_seconds = apply_update(pool, members, shaped, learning_rate, noise_std)
+    update_seconds = apply_update(pool, members, shaped, learning_rate, noise_std, slots)
 
     metrics = {
         # "std" is across a prompt's n samples in LBES

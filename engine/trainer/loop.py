@@ -18,16 +18,16 @@ from engine.alignment.aligner import Aligner
 from engine.backends.base import EvaluationStopped
 from engine.backends.pool import EnginePool
 from engine.config import RunConfig
-from engine.lowrank.population import LoraPopulation
 from engine.paths import resolve_path
 from engine.reporters import open_reporters
 from engine.schedules import schedule_value
 from engine.sink import FanoutSink, Sink
+from engine.slot_population import SlotPopulation
 from engine.trainer.checkpoints import Checkpoints, TrainerState
 from engine.trainer.es_step import es_step
 from engine.trainer.evaluation import evaluate
 from engine.trainer.lbes_step import lbes_step
-from engine.trainer.preflight import TrainingData, load_data, start_lora, start_pool
+from engine.trainer.preflight import TrainingData, load_data, start_pool, start_slots
 from engine.trainer.reporting import logging_due, step_report
 
 
@@ -53,14 +53,14 @@ def train(
     # report_to's trackers first: a missing extra fails before the engines start.
     sink = FanoutSink(sink, open_reporters(config, output_dir))
     owns_pool = pool is None
-    lora = None
+    slots = None
     try:
         pool = pool or start_pool(config, sink)
-        lora = start_lora(config, sink)
-        checkpoints = Checkpoints(config, pool, output_dir, lora, sink)
+        slots = start_slots(config, sink)
+        checkpoints = Checkpoints(config, pool, output_dir, slots, sink)
         state = TrainerState() if resume_from is None else checkpoints.resume(resume_from)
         aligner = Aligner.for_run(config, state.alignment)
-        step_fn = _step_function(config, lora, aligner)
+        step_fn = _step_function(config, slots, aligner)
         evaluating = config.eval.eval_strategy != "no"
         if evaluating and config.eval.eval_before_train and state.global_step == 0:
             baseline = evaluate(
@@ -169,8 +169,8 @@ def train(
         # -- the final model
         return checkpoints.save_final()
     finally:
-        if lora is not None:
-            lora.close()
+        if slots is not None:
+            slots.close()
         if owns_pool and pool is not None:
             pool.shutdown()
         sink.close()
@@ -201,11 +201,11 @@ def current_schedules(config: RunConfig, step: int, total_steps: int) -> tuple[f
 
 
 def _step_function(
-    config: RunConfig, lora: LoraPopulation | None, aligner: Aligner | None
+    config: RunConfig, slots: SlotPopulation | None, aligner: Aligner | None
 ) -> Callable[..., object]:
     if config.method == "es":
-        return functools.partial(es_step, lora=lora, aligner=aligner)
-    return lbes_step
+        return functools.partial(es_step, slots=slots, aligner=aligner)
+    return functools.partial(lbes_step, slots=slots)
 
 
 def _due(strategy: str, every: int | None, step: int, epoch_ended: bool, last: bool) -> bool:

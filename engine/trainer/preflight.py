@@ -1,6 +1,6 @@
 """Before the first step: check what a run needs (reward functions, model folder, datasets)
 so that a bad run is refused before anything is stored or started, and set up what the loop
-uses (the data and its batches, the engines, the LoRA population)."""
+uses (the data and its batches, the engines, a population held in adapter slots)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from engine.backends.pool import EnginePool
 from engine.batches import Batches, Position
 from engine.config import RunConfig
 from engine.data.datasets import Example, load_dataset
-from engine.lowrank.population import LoraPopulation, engine_args
+from engine.lowrank.population import LoraPopulation
 from engine.model_files import check_model_dir, local_model, resolve_model
 from engine.paths import resolve_path
 from engine.scoring.sources import function_paths
 from engine.sink import Sink
+from engine.slot_population import NoisePopulation, SlotPopulation, slot_engine_args
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def start_pool(config: RunConfig, sink: Sink) -> EnginePool:
         seed=config.data.seed,
         extra_llm_args={
             **m.vllm_flags(),
-            **(engine_args(config) if config.lora.perturbation == "lora" else {}),
+            **slot_engine_args(config),
             **arrangement.engine_args(),
         },
         lora_kernels=config.lora.lora_kernels,
@@ -128,10 +129,19 @@ def start_pool(config: RunConfig, sink: Sink) -> EnginePool:
     return pool
 
 
-def start_lora(config: RunConfig, sink: Sink) -> LoraPopulation | None:
-    """The LoRA population with `perturbation: lora`, else None (members perturb the
-    full weights)."""
-    if config.lora.perturbation != "lora":
+def start_slots(config: RunConfig, sink: Sink) -> SlotPopulation | None:
+    """The population held in the engines' adapter slots (`perturbation: lora` or
+    `full_batched`), else None (members perturb the full weights one at a time)."""
+    perturbation = config.lora.perturbation
+    if perturbation == "full_batched":
+        population = NoisePopulation(config, model_folder(config))
+        sink.log_event(
+            "info",
+            f"perturbation full_batched: {len(population.targets)} target modules, "
+            "the whole population in one engine call",
+        )
+        return population
+    if perturbation != "lora":
         return None
     lora = LoraPopulation(config, model_folder(config))
     sink.log_event(

@@ -346,11 +346,14 @@ def test_runs_run_page_and_compare_show_the_perturbation_mode(store, dataset, tm
 
     config = make_config(dataset, tmp_path / "low", perturbation="lora", lora_rank=8)
     low = store.create_run(name="low-rank-run", method="es", config=config.to_flat(), total_steps=5)
+    config = make_config(dataset, tmp_path / "batched", perturbation="full_batched")
+    store.create_run(name="batched-run", method="es", config=config.to_flat(), total_steps=5)
     table = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run().dataframe[0].value
     assert dict(zip(table["name"], table["mode"], strict=True)) == {
         "alpha-run": "full",
         "beta-run": "full",
         "low-rank-run": "lora r8",
+        "batched-run": "full batched",
     }
     assert "· es · lora r8 ·" in page("app_pages/run.py", run=str(low.id)).caption[0].value
     compared = page("app_pages/compare.py", runs=f"1,{low.id}")

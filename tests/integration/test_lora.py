@@ -218,7 +218,7 @@ def test_member_slots_hold_the_factors_the_trained_adapter_folds_in(
     config = lora_config(tmp_path, lora_update="adapter", lora_target_layers="1")
     population = LoraPopulation(config, default_model_dir)
     try:
-        vllm_lora_engine.set_lora_members([(0, 11, 1.0), (1, 12, 1.0)], population._member_spec(0))
+        vllm_lora_engine.set_lora_members([(0, 11, 1.0), (1, 12, 1.0)], population.member_spec(0))
         population.update(EnginePool.wrap(vllm_lora_engine), [11], [1.0])
     finally:
         population.close()

@@ -109,9 +109,11 @@ def test_auto_with_a_number_on_the_other_side_is_fixed_before_the_start():
         {"GPU": 2.0},
         2.0,
     )
-    # so does a LoRA engine, whose one batched call evaluates the whole population
-    lora = plan({**auto, "perturbation": "lora"}, gpus=True)
-    assert (lora.num_engines, lora.in_actors, lora.job_gpus) == (1, False, 1.0)
+    # so does an engine of a population in adapter slots, whose one batched call evaluates
+    # the whole population
+    for perturbation in ("lora", "full_batched"):
+        lora = plan({**auto, "perturbation": perturbation}, gpus=True)
+        assert (lora.num_engines, lora.in_actors, lora.job_gpus) == (1, False, 1.0)
     # engines a GPU given still count
     shared = plan({**auto, "engines_per_gpu": 2, "tensor_parallel_size": 2}, gpus=True)
     assert (shared.num_engines, shared.demand) == (2, {"GPU": 2.0})

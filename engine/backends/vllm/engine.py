@@ -203,12 +203,7 @@ class VLLMEngine:
             {"prompt_token_ids": self.prompt_token_ids(m), "cache_salt": self._salt}
             for m in prompts
         ]
-        extra = (
-            {}
-            if adapters is None
-            else {"lora_request": lora_requests(self, adapters, self._member_placeholder)}
-        )
-        outputs = self.llm.generate(requests, params, use_tqdm=False, **extra)
+        outputs = self.llm.generate(requests, params, use_tqdm=False, **self._adapters(adapters))
         texts = iter(self._texts([o for out in outputs for o in out.outputs]))  # in that order
         return [
             [
@@ -224,6 +219,12 @@ class VLLMEngine:
             for out in outputs
         ]
 
+    def _adapters(self, adapters: Sequence[int | str | None] | None) -> dict[str, Any]:
+        """generate's LoRA arguments for one adapter (a member slot or a folder) per prompt."""
+        if adapters is None:
+            return {}
+        return {"lora_request": lora_requests(self, adapters, self._member_placeholder)}
+
     def _texts(self, samples: Sequence[Any]) -> list[str]:
         """The text of each of vLLM's CompletionOutputs: decoded here in one batch, or vLLM's
         own where it detokenized (detokenize.py)."""
@@ -232,14 +233,18 @@ class VLLMEngine:
         return self._decode([text_tokens(o.token_ids, o.finish_reason) for o in samples])
 
     def completion_logprobs(
-        self, prompts: Sequence[Prompt], completions: Sequence[str | Sequence[int]]
+        self,
+        prompts: Sequence[Prompt],
+        completions: Sequence[str | Sequence[int]],
+        adapters: Sequence[int | str | None] | None = None,
     ) -> list[float]:
         """Mean log-probability of each completion's tokens, teacher-forced after its prompt.
 
         Prompt and completion are tokenized separately and concatenated, so the boundary is
         exact; a completion may also be given as token ids (Completion.token_ids: exactly
         what was generated). vLLM returns the log-probability of every prompt token
-        (`prompt_logprobs=0`); the completion positions are averaged.
+        (`prompt_logprobs=0`); the completion positions are averaged. `adapters` as in
+        generate.
         """
         from vllm import SamplingParams
 
@@ -265,7 +270,7 @@ class VLLMEngine:
             {"prompt_token_ids": p + c, "cache_salt": self._salt}
             for p, c in zip(prompt_ids, completion_ids, strict=True)
         ]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        outputs = self.llm.generate(requests, params, use_tqdm=False, **self._adapters(adapters))
         means = []
         for out, p, c in zip(outputs, prompt_ids, completion_ids, strict=True):
             per_position = out.prompt_logprobs
@@ -352,10 +357,14 @@ class VLLMEngine:
         self._weights_changed()
 
     def check(self, method: str, *args: Any) -> list[Any]:
-        """Run a worker `es_check_*` method on every worker (for tests and diagnostics)."""
+        """Run a worker `es_check_*` method on every worker (for tests and diagnostics). One
+        may write weights (es_check_perturb_tensors), so the cache salt moves."""
         if not method.startswith("es_check_"):
             raise ValueError(f"only es_check_* methods may be called this way, got {method!r}")
-        return self._rpc(method, *args)
+        try:
+            return self._rpc(method, *args)
+        finally:
+            self._weights_changed()
 
     def shutdown(self) -> None:
         llm = getattr(self, "llm", None)

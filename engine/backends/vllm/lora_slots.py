@@ -192,12 +192,12 @@ def write_member_slots(
     import torch
 
     manager = worker.model_runner.lora_manager._adapter_manager
-    active = list(manager.lora_index_to_id)
-    missing = [int(m[0]) for m in members if member_id(m[0]) not in active]
+    ids = [int(m[0]) for m in members]
+    _, missing = active_member_slots(manager, ids)
     if missing:
         return missing
-    _sort_member_slots(active)
-    manager.lora_index_to_id[:] = active
+    _sort_member_slots(manager.lora_index_to_id)
+    slots, _ = active_member_slots(manager, ids)
     _, _, targets = _parse_spec(spec)
     table = worker._es_table
     trained = _trained_factors(spec.get("trained"), table.device)
@@ -208,7 +208,6 @@ def write_member_slots(
         if hasattr(m, "reset_lora") and all(m is not layer for layer, _ in layers)
     ]
     cache = seed_cache(worker)
-    slots = [active.index(member_id(m[0])) for m in members]
     with torch.inference_mode():
         units = cache.take(table, [m[1] for m in members], spec)
         picks = torch.tensor([cache.index[int(m[1])] for m in members], device=table.device)
@@ -233,6 +232,14 @@ def write_member_slots(
                 layer.set_lora(index, *((a[0], b[0]) if len(parts) == 1 else (a, b)))
     cpu_lora.weights_changed()
     return []
+
+
+def active_member_slots(manager: Any, members: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(the slot index each member's request holds in vLLM's adapter manager, the members
+    whose request holds none: not registered yet, or evicted)."""
+    active = list(manager.lora_index_to_id)
+    missing = [m for m in members if member_id(m) not in active]
+    return ([] if missing else [active.index(member_id(m)) for m in members]), missing
 
 
 def slot_factors(
@@ -367,7 +374,7 @@ def apply_lora_update(
     index = {name: i for i, name in enumerate(worker._es_names)}
     jobs: dict[int, list[tuple[LoraTarget, int]]] = {}  # parameter index -> (target, row)
     for target in targets:
-        param, start = _locate(model, target.name)
+        param, start = locate(model, target.name)
         jobs.setdefault(index[param], []).append((target, start))
 
     def update(i: int) -> None:
@@ -386,7 +393,7 @@ def apply_lora_update(
         list(pool.map(update, jobs))
 
 
-def _locate(model: torch.nn.Module, name: str) -> tuple[str, int]:
+def locate(model: torch.nn.Module, name: str) -> tuple[str, int]:
     """(vLLM parameter name, first output row) of Hugging Face module `name`; q/k/v and
     gate/up live in fused parameters, at the row offset of their part."""
     parent, _, leaf = name.rpartition(".")

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from engine.backends.vllm import lora_slots, masters, shards
+from engine.backends.vllm import lora_slots, masters, member_noise, shards
 from engine.backends.vllm.cpu import lora_kernels as cpu_lora
 from engine.backends.vllm.cpu import packed as cpu_packed
 from engine.backends.vllm.cpu import weights as cpu_weights
@@ -56,6 +56,9 @@ if TYPE_CHECKING:
 cpu_weights.install_live_cpu_gemm()
 # Multi-LoRA (perturbation: lora) on the CPU: grouped kernels instead of per-token copies.
 cpu_lora.install_grouped_cpu_lora()
+# Full-rank members in LoRA slots (perturbation: full_batched): their noise products instead
+# of LoRA's, in the engines started for them (member_noise.py).
+member_noise.install()
 
 Method = TypeVar("Method", bound=Callable[..., Any])
 
@@ -168,8 +171,6 @@ class PerturbationWorkerExtension:
         """weights := snapshot + scale * eps(seed), tensor by tensor (scale 0: a restore)."""
         import torch
 
-        from engine import noise
-
         if float(scale) == 0.0:
             self.es_restore()
             return
@@ -179,21 +180,33 @@ class PerturbationWorkerExtension:
             self._es_kernels.perturb(table, offsets, scale)
             return
         with torch.inference_mode():
-            for i, (live, snap, offset, segments, layout) in enumerate(
-                zip(
-                    self._es_live,
-                    self._es_snapshot,
-                    offsets,
-                    self._es_segments,
-                    self._es_layouts,
-                    strict=True,
-                )
-            ):
-                if layout is None:
-                    noise.perturb_(live, snap, table, offset, scale, segments)
-                else:
-                    rows = self._es_noise_rows[i]
-                    cpu_packed.perturb_(live, snap, table, offset, scale, segments, layout, rows)
+            for i, offset in enumerate(offsets):
+                self._es_perturb_tensor(i, offset, scale)
+
+    def _es_perturb_tensor(self, i: int, offset: int, scale: float) -> None:
+        """Tensor i := snapshot + scale * eps (its noise at `offset`), by the torch path."""
+        from engine import noise
+
+        live, snap, table = self._es_live[i], self._es_snapshot[i], self._es_table
+        segments, layout = self._es_segments[i], self._es_layouts[i]
+        if layout is None:
+            noise.perturb_(live, snap, table, offset, scale, segments)
+        else:
+            rows = self._es_noise_rows[i]
+            cpu_packed.perturb_(live, snap, table, offset, scale, segments, layout, rows)
+
+    @_writes_weights
+    def es_check_perturb_tensors(self, seed: int, scale: float, names: list[str]) -> None:
+        """es_perturb of the named tensors alone (the others keep their weights), by the
+        torch path: the reference that members served from slots (member_noise) are
+        compared with."""
+        import torch
+
+        offsets = self._es_offsets(int(seed))
+        with torch.inference_mode():
+            for name in names:
+                i = self._es_names.index(name)
+                self._es_perturb_tensor(i, offsets[i], float(scale))
 
     @_writes_weights
     def es_restore(self) -> None:
@@ -217,6 +230,14 @@ class PerturbationWorkerExtension:
         into them). Tensor by tensor, members in the given order, so every engine computes
         the same bits.
         """
+        self._es_update_tensors(seeds, coefficients, None)
+
+    def _es_update_tensors(
+        self, seeds: list[int], coefficients: list[float], indices: list[int] | None
+    ) -> None:
+        """es_update of the tensors at `indices` (None: all of them), each with the noise
+        offsets of the member's whole perturbation, so a tensor's update is the same whatever
+        else is updated."""
         import math
 
         import torch
@@ -230,11 +251,16 @@ class PerturbationWorkerExtension:
             raise ValueError(f"update coefficients must be finite numbers, got {bad[:4]}")
         per_seed = [self._es_offsets(int(s)) for s in seeds]
         self._es_seen_offsets.clear()
-        if self._es_kernels is not None:
-            self._es_kernels.update(self._es_update_table, per_seed, coefficients)
+        chosen = list(range(len(self._es_master))) if indices is None else list(indices)
+        kernels = self._es_kernels if indices is None else self._es_subset_kernels(chosen)
+        if kernels is not None:
+            kernels.update(
+                self._es_update_table, [[o[i] for i in chosen] for o in per_seed], coefficients
+            )
             return
         with torch.inference_mode():
-            for i, master in enumerate(self._es_master):
+            for i in chosen:
+                master = self._es_master[i]
                 offsets = [member_offsets[i] for member_offsets in per_seed]
                 noise.accumulate_(
                     master,
@@ -245,6 +271,20 @@ class PerturbationWorkerExtension:
                     self._es_segments[i],
                 )
                 self._es_serve_master(i)
+
+    def _es_subset_kernels(self, indices: list[int]) -> DeviceWeights | None:
+        """The CUDA kernels' job list of some tensors (built once per set), or None where the
+        kernels do not apply."""
+        if self._es_kernels is None:
+            return None
+        key = tuple(indices)
+        cached = getattr(self, "_es_subset", None)
+        if cached is None or cached[0] != key:
+            pick = [self._es_live, self._es_snapshot, self._es_master, self._es_segments]
+            parts = [[tensors[i] for i in indices] for tensors in pick]
+            cached = (key, DeviceWeights.for_cuda(*parts, self._es_table))
+            self._es_subset = cached
+        return cached[1]
 
     def _es_offsets(self, seed: int) -> list[int]:
         """Member `seed`'s noise offsets, kept from its perturbation until the next update:
@@ -276,12 +316,20 @@ class PerturbationWorkerExtension:
     def es_lora_update(
         self, spec: dict[str, Any], seeds: list[int], coefficients: list[float]
     ) -> None:
-        """Merge the low-rank members' update into master and serving weights (fp32)."""
-        lora_slots.apply_lora_update(self, _model(self), spec, seeds, coefficients)
+        """The update of members served from LoRA slots, into master and serving weights
+        (fp32): the low-rank members' merged update, or (a member_noise spec) the full-rank
+        update of the tensors the members perturbed."""
+        if member_noise.is_noise_spec(spec):
+            member_noise.apply_update(self, _model(self), spec, seeds, coefficients)
+        else:
+            lora_slots.apply_lora_update(self, _model(self), spec, seeds, coefficients)
 
     def es_lora_members(self, members: list[list[Any]], spec: dict[str, Any]) -> list[int]:
-        """Write population members (slot, seed, scale) into their LoRA slots; returns the
-        slots not registered here (lora_slots.write_member_slots)."""
+        """Write population members (slot, seed, scale) into their LoRA slots: low-rank
+        factors (lora_slots.write_member_slots) or full-rank noise headers
+        (member_noise.write_members); returns the slots not registered here."""
+        if member_noise.is_noise_spec(spec):
+            return member_noise.write_members(self, _model(self), spec, members)
         return lora_slots.write_member_slots(self, _model(self), spec, members)
 
     # ---- checks -----------------------------------------------------------------------------

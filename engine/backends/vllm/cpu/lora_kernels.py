@@ -527,7 +527,8 @@ def install_grouped_cpu_lora() -> bool:
         return False
     for name in _REPLACED:
         setattr(punica_cpu, name, globals()[name])
-    wrapper.add_lora_linear = add_lora_linear
+    if not getattr(wrapper.add_lora_linear, "_eslab_member_noise", False):
+        wrapper.add_lora_linear = add_lora_linear  # else member_noise routes to it already
     _watch_slot_writes()
     return True
 

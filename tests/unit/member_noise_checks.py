@@ -1,0 +1,180 @@
+"""The member-noise products of `perturbation: full_batched` (engine/backends/vllm/
+member_noise.py and its CUDA kernel) against a float64 reference, on a small linear layer
+whose tokens belong to slots as vLLM maps them: run by tests/unit/test_member_noise.py, in
+Triton's interpreter in a fresh process on a CPU (fp32), compiled on a GPU (bf16)."""
+
+from __future__ import annotations
+
+import json
+from typing import ClassVar
+
+import torch
+
+OUT, IN = 80, 96
+"""A layer whose output is not a multiple of the kernel's 64 columns: masked edges run."""
+
+SLOTS = 6
+
+
+def token_mapping(indices: torch.Tensor, device: str) -> dict[str, torch.Tensor]:
+    """vLLM's LoRAKernelMeta for per-token slot `indices` (-1: no member), as
+    prepare_tensors builds it: tokens sorted by slot, the slots present (sorted, -1 first),
+    their token counts and starts, padded to SLOTS + 1 entries, and its two CPU flags."""
+    order = torch.sort(indices, stable=True).indices
+    ids, counts = torch.unique(indices, sorted=True, return_counts=True)
+    lora_ids = torch.full((SLOTS + 1,), -1, dtype=torch.int32)
+    per_lora = torch.zeros(SLOTS + 1, dtype=torch.int32)
+    starts = torch.zeros(SLOTS + 2, dtype=torch.int32)
+    lora_ids[: ids.numel()] = ids.int()
+    per_lora[: counts.numel()] = counts.int()
+    starts[1 : 1 + counts.numel()] = torch.cumsum(counts, 0).int()
+    return {
+        "sorted_tokens": order.int().to(device),
+        "tokens_per_lora": per_lora.to(device),
+        "token_start": starts.to(device),
+        "lora_ids": lora_ids.to(device),
+        "no_lora_flag_cpu": torch.tensor([bool((indices < 0).all())]),
+        "num_active_loras": torch.tensor([ids.numel()]),
+    }
+
+
+def headers_of(
+    offsets: list[int], scales: list[float], table: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """A layer's lora_a_stacked[0] of rank 1 with a member header in every slot."""
+    from engine.backends.vllm import member_noise
+
+    headers = torch.zeros(SLOTS, 1, 1, IN, dtype=dtype, device=table.device)
+    words, floats = member_noise.header_views(headers)
+    for slot, (offset, scale) in enumerate(zip(offsets, scales, strict=True)):
+        words[slot, 0], words[slot, 1] = offset, table.data_ptr()
+        floats[slot, 4] = scale
+    return headers
+
+
+def reference(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    indices: torch.Tensor,
+    table: torch.Tensor,
+    offsets: list[int],
+    scales: list[float],
+) -> torch.Tensor:
+    """y + s * x @ eps^T per token's slot, in float64."""
+    out = y.double().clone()
+    for t, slot in enumerate(indices.tolist()):
+        if slot >= 0:
+            eps = table[offsets[slot] : offsets[slot] + OUT * IN].double().view(OUT, IN)
+            out[t, :OUT] += scales[slot] * (x[t].double() @ eps.T)
+    return out
+
+
+def check(device: str, dtype: torch.dtype) -> dict[str, float]:
+    """Largest errors of the kernel and of the torch path against the reference, relative to
+    the largest product, for decode-like (few tokens a slot) and prefill-like (many) passes,
+    and whether tokens without a member or with scale 0 changed at all."""
+    from engine.backends.vllm import member_noise
+    from engine.backends.vllm.cuda import member_noise as cuda_noise
+
+    generator = torch.Generator().manual_seed(3)
+    table = torch.randn(30_000, generator=generator).to(dtype).to(device)
+    offsets = [0, 7_001, 3_333, 12_345, 501, 9_999]
+    scales = [0.5, -0.5, 0.25, 0.0, 1.0, -2.0]  # slot 3: scale 0 adds nothing
+    headers = headers_of(offsets, scales, table, dtype)
+    member_noise._tables[table.data_ptr()] = table
+    outcome: dict[str, float] = {}
+    for name, per_slot in (("decode", 5), ("prefill", 70)):
+        slots = [s for s in (4, 0, -1, 2, 3, 1, 5) for _ in range(per_slot)]
+        indices = torch.tensor(slots)[torch.randperm(len(slots), generator=generator)]
+        x = torch.randn(len(slots), IN, generator=generator).to(dtype).to(device)
+        y = torch.randn(len(slots), OUT + 3, generator=generator).to(dtype).to(device)
+        expected = reference(y.cpu(), x.cpu(), indices, table.cpu(), offsets, scales)
+        scale = float((expected - y.cpu().double()).abs().max())
+        untouched = (indices < 0) | (indices == 3)
+        for way in ("kernel", "torch"):
+            got = y.clone()
+            if way == "kernel":
+                meta = token_mapping(indices, device)
+                cuda_noise.member_noise(got, x, headers, OUT, **meta)
+            else:
+                member_noise.add_noise_products(indices.to(device), got, x, headers, OUT)
+            got = got.cpu()
+            error = float((got.double() - expected).abs().max()) / scale
+            outcome[f"{name}_{way}_error"] = error
+            before = y.cpu()
+            changed = bits(got[untouched]) != bits(before[untouched])
+            outcome[f"{name}_{way}_untouched_changed"] = float(changed.sum())
+            padding = bits(got[:, OUT:]) != bits(before[:, OUT:])
+            outcome[f"{name}_{way}_padding_changed"] = float(padding.sum())
+    outcome["prefill_block_m"] = float(cuda_noise.block_m(70 * 7, 7))
+    outcome["decode_block_m"] = float(cuda_noise.block_m(5 * 7, 7))
+    return outcome
+
+
+class _KernelMeta:
+    """vLLM's LoRAKernelMeta as far as the hook reads it (meta_args)."""
+
+    def __init__(self, indices: torch.Tensor, device: str) -> None:
+        self.mapping = indices.int().to(device)
+        self.args = tuple(token_mapping(indices, device).values())
+
+    def meta_args(self, tokens: int, specialize_active_lora: bool) -> tuple[torch.Tensor, ...]:
+        sorted_tokens, *rest = self.args
+        return (self.mapping[:tokens], sorted_tokens[:tokens], *rest)
+
+
+def check_traced(device: str, dtype: torch.dtype) -> dict[str, float]:
+    """The routed add_lora_linear of a member-noise engine as vLLM's compiled model calls
+    it: traced whole by torch.compile (fullgraph, aot_eager: the op's fake implementation
+    and its in-place write of y included), through the punica wrapper's configuration
+    and token mapping, the registered op and the kernel. Returns its largest error against
+    float64 and whether an engine of other LoRA still reaches its own path."""
+    from engine.backends.vllm import member_noise
+    from engine.backends.vllm.cuda import member_noise as cuda_noise
+
+    cuda_noise.register_op()
+    generator = torch.Generator().manual_seed(5)
+    table = torch.randn(30_000, generator=generator).to(dtype).to(device)
+    offsets, scales = [0, 9_000, 4_000, 11_000, 2_000, 6_000], [0.5, -0.5, 1.0, 0.0, 2.0, -1.0]
+    headers = headers_of(offsets, scales, table, dtype)
+    indices = torch.tensor([s for s in (2, -1, 0, 5) for _ in range(6)])
+    x = torch.randn(len(indices), IN, generator=generator).to(dtype).to(device)
+    y = torch.randn(len(indices), OUT, generator=generator).to(dtype).to(device)
+    expected = reference(y.cpu(), x.cpu(), indices, table.cpu(), offsets, scales)
+    others: list[str] = []
+
+    class Config:
+        target_modules: ClassVar[list[str]] = ["q_proj", member_noise.MEMBER_NOISE_TARGET]
+        specialize_active_lora = False
+
+    class Wrapper:
+        lora_config = Config()
+        token_mapping_meta = _KernelMeta(indices, device)
+
+    hook = member_noise._routed(
+        lambda *args, **kwargs: others.append("lora"), cuda_noise.add_noise_products
+    )
+
+    def layer(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        hook(Wrapper(), y, x, (headers,), (headers,), 1.0, (OUT,))
+        return y
+
+    got = torch.compile(layer, fullgraph=True, backend="aot_eager")(y.clone(), x).cpu()
+    scale = float((expected - y.cpu().double()).abs().max())
+    Config.target_modules = ["q_proj"]
+    hook(Wrapper(), y.clone(), x, (headers,), (headers,), 1.0, (OUT,))
+    return {
+        "traced_error": float((got.double() - expected).abs().max()) / scale,
+        "other_lora_calls": float(len(others)),
+    }
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(-1).view(torch.uint8)
+
+
+if __name__ == "__main__":
+    on_gpu = torch.cuda.is_available()
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    device = "cuda" if on_gpu else "cpu"
+    print(json.dumps({**check(device, dtype), **check_traced(device, dtype)}))
