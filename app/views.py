@@ -212,11 +212,15 @@ def label(run: RunRecord) -> str:
 
 
 def mode(run: RunRecord) -> str:
-    """How the run perturbs its members: `full` (full-rank noise, one member at a time), or
+    """How the run perturbs its members: `full` (full-rank noise, one member at a time),
+    `full batched` (full-rank noise on the linear weights, all members in one call), or
     `lora rR` (a rank-R adapter per member, all evaluated in one call), `+ adapter` when the
     update is kept as a trained adapter rather than merged."""
     config = run.config
-    if config.get("perturbation", "full") != "lora":
+    perturbation = config.get("perturbation", "full")
+    if perturbation == "full_batched":
+        return "full batched"
+    if perturbation != "lora":
         return "full"
     text = f"lora r{config.get('lora_rank', '?')}"
     return f"{text} + adapter" if config.get("lora_update") == "adapter" else text

@@ -83,7 +83,7 @@ def main() -> None:
     args = rounds_arguments(__doc__.split("\n\n")[0])
     pool = lora_pool(args, common_options(args))
     engine = pool._local
-    config = es_config(args, lora=True)
+    config = es_config(args, "lora")
     reference = batch_prompts()
     task = [e.prompt for e in load_dataset(TRAIN_FILE)][: args.prompts]
     members = range(args.population)

@@ -105,7 +105,7 @@ def one_step(pool: EnginePool, args: argparse.Namespace, sink: StepSink | None =
         if sink.at_step is not None:
             sink.at_step()
         return seconds
-    train(es_config(args, lora=args.lora), sink, pool=pool)
+    train(es_config(args, "lora" if args.lora else "full"), sink, pool=pool)
     return sink.steps[0].metrics[mk.time_key("step")]
 
 

@@ -68,7 +68,7 @@ def run_eslab(args: argparse.Namespace, data: Path, report: Report) -> None:
     record["engines"] = pool.num_engines  # what auto chose, with --engines auto
     report(record)
     try:
-        config = utilization.es_config(args, lora=False, task=countdown_task(data))
+        config = utilization.es_config(args, task=countdown_task(data))
         means = utilization.es_iteration(pool, config)
     finally:
         pool.shutdown()

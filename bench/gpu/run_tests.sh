@@ -6,4 +6,5 @@ set -uo pipefail
 source bench/gpu/env.sh
 python3 -m pytest -p no:cacheprovider -rA --durations=15 \
   tests/integration/test_vllm_engine.py tests/integration/test_training.py \
-  tests/integration/test_lora.py tests/unit/test_cuda_weights.py "$@"
+  tests/integration/test_lora.py tests/integration/test_member_noise.py \
+  tests/unit/test_cuda_weights.py tests/unit/test_member_noise.py "$@"

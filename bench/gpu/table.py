@@ -58,15 +58,19 @@ def phases(rows: Sequence[dict]) -> list[str]:
     return [p for p in PHASES if p in found] + sorted(found - set(PHASES))
 
 
-def is_lora(row: dict) -> bool:
-    return row.get("perturbation") == "lora" or str(row.get("mode", "")).startswith("lora")
+def in_slots(row: dict) -> bool:
+    """A row of a population in adapter slots: the low-rank mode or full_batched."""
+    return row.get("perturbation") in ("lora", "full_batched") or str(
+        row.get("mode", "")
+    ).startswith("lora")
 
 
 def mode(results: dict, row: dict) -> str:
-    """full, K engines (+ MPS), or the low-rank mode and its rank ('lora r4, one call', or
-    its engines where several split the population)."""
+    """full, K engines (+ MPS), or a population in adapter slots: the low-rank mode and its
+    rank ('lora r4, one call', or its engines where several split the population), or
+    'full batched, one call'."""
     engines = row["engines"]
-    if is_lora(row):
+    if in_slots(row):
         calls = "one call" if engines == 1 else f"{engines} engines, 1 a GPU"
         return f"{row.get('mode') or 'lora'}, {calls}"
     per_gpu = row.get("engines_per_gpu", engines)
@@ -108,7 +112,7 @@ def render(results: Any, source: str) -> str:
     if not isinstance(rows, list):
         return f"(`{source}` skipped: not a bench/gpu/utilization.py result)"
     known = sorted(
-        (r for r in rows if is_row(r)), key=lambda r: (is_lora(r), r["engines"])
+        (r for r in rows if is_row(r)), key=lambda r: (in_slots(r), r["engines"])
     )  # a stable sort: one engine, several, then the low-rank mode
     base = results.get("batched_tokens_per_s")
     names = phases(known)

@@ -1,6 +1,7 @@
 """Engine utilization of an ES iteration on a GPU, with one or several engines per GPU.
 
-    python3 bench/gpu/utilization.py MODEL_DIR [--engines 1 4 8] [--lora] [--population 32]
+    python3 bench/gpu/utilization.py MODEL_DIR [--engines 1 4 8] [--lora] [--batched]
+        [--population 32]
         [--prompts 8] [--max-tokens 128] [--steps 1] [--lora-kernels fast] [--json FILE]
         [--engines-per-gpu 1] [--tensor-parallel-size 2]
 
@@ -15,7 +16,9 @@ members per second (population / step time), the figure that several GPUs should
 With --lora, a last row runs the low-rank mode (perturbation: lora, rank
 --rank, merged updates) on one multi-LoRA engine: every member's prompts in one call, one
 adapter per member (`--engines` with no count: that row alone, the 256-prompt call then on
-the multi-LoRA engine). A random-weight model generates until max_tokens almost always, so every
+the multi-LoRA engine). With --batched, a row runs perturbation full_batched the same way:
+full-rank members in the adapter slots, each layer adding every member's noise product. A
+random-weight model generates until max_tokens almost always, so every
 member does the same work.
 
 Also prints the weight operations against one plain copy of all weights (inside the worker,
@@ -42,9 +45,9 @@ from engine.config import RunConfig
 from engine.config.schema import AUTO
 from engine.data.datasets import load_dataset
 from engine.lowrank.factors import LORA_KERNELS
-from engine.lowrank.population import engine_args
 from engine.paths import data_dir, resolve_path
 from engine.sink import MemorySink
+from engine.slot_population import slot_engine_args
 from engine.trainer import train
 from engine.trainer.reporting import completion_tokens
 
@@ -126,10 +129,10 @@ CONCISENESS = {
 
 
 def es_config(
-    args: argparse.Namespace, lora: bool, task: dict[str, str] = CONCISENESS
+    args: argparse.Namespace, perturbation: str = "full", task: dict[str, str] = CONCISENESS
 ) -> RunConfig:
-    """The measured run: `task` gives train_file and reward_func_path (and prompt_format
-    where the prompts are raw text)."""
+    """The measured run in `perturbation` mode (full, lora or full_batched): `task` gives
+    train_file and reward_func_path (and prompt_format where the prompts are raw text)."""
     options = {
         "method": "es",
         "model": args.model,
@@ -142,7 +145,8 @@ def es_config(
         "noise_std": 0.002,
         "learning_rate": 1e-5,
     }
-    if lora:
+    options["perturbation"] = perturbation
+    if perturbation == "lora":
         options |= {
             "perturbation": "lora",
             "lora_rank": args.rank,
@@ -343,6 +347,12 @@ def main() -> None:
     )
     parser.add_argument("--lora", action="store_true", help="add the low-rank mode's rows")
     parser.add_argument(
+        "--batched",
+        action="store_true",
+        help="add perturbation full_batched's rows (full-rank members in adapter slots, one "
+        "call), one per --lora-engines count",
+    )
+    parser.add_argument(
         "--lora-engines",
         type=int,
         nargs="+",
@@ -407,7 +417,7 @@ def main() -> None:
                 **({} if local else {"engine_threads": actor_threads(pool.num_engines)}),
                 "perturbation": "full",
                 "start_s": started,
-                **es_iteration(pool, es_config(args, lora=False)),
+                **es_iteration(pool, es_config(args)),
             }
             row["members_per_s"] = args.population / row[mk.time_key("step")]
             if local:
@@ -415,33 +425,39 @@ def main() -> None:
         finally:
             pool.shutdown()
         record(results, row, args.json)
-    if args.lora:
+    slot_modes = {"lora": args.lora, "full_batched": args.batched}
+    for perturbation in [p for p, wanted in slot_modes.items() if wanted]:
         # engines in actors first: the in-process one keeps some memory after shutdown
         for k in sorted(args.lora_engines, reverse=True):
-            record(results, lora_row(args, common, results, k), args.json)
+            record(results, slot_row(args, common, results, perturbation, k), args.json)
     print(render(results, str(args.json or args.model)))
 
 
-def lora_pool(args: argparse.Namespace, common: dict, k: int = 1) -> EnginePool:
-    """k multi-LoRA engines (max_loras = the population), one a GPU; one runs in this
-    process."""
+def lora_pool(
+    args: argparse.Namespace, common: dict, k: int = 1, perturbation: str = "lora"
+) -> EnginePool:
+    """k multi-LoRA engines (max_loras = the population), one a GPU, for a population in
+    adapter slots (`perturbation` lora or full_batched); one runs in this process."""
     return EnginePool(
         args.model,
         num_engines=k,
         max_num_seqs=BATCH,
         gpu_memory_utilization=args.memory,
-        extra_llm_args=engine_args(es_config(args, lora=True)),
+        extra_llm_args=slot_engine_args(es_config(args, perturbation)),
         lora_kernels=args.lora_kernels,
         **common,
     )
 
 
-def lora_row(args: argparse.Namespace, common: dict, results: dict, k: int = 1) -> dict:
-    """The low-rank mode on k multi-LoRA engines, the population's prompts split over them.
-    Without a one-engine full-rank row, the 256-prompt call is measured on this row's first
-    engine (the base model, no adapter): the engine's own batched speed."""
+def slot_row(
+    args: argparse.Namespace, common: dict, results: dict, perturbation: str, k: int = 1
+) -> dict:
+    """A population in adapter slots (the low-rank mode, or full_batched's full-rank
+    members) on k multi-LoRA engines, the population's prompts split over them. Without a
+    one-engine full-rank row, the 256-prompt call is measured on this row's first engine
+    (the base model, no adapter): the engine's own batched speed."""
     start = time.perf_counter()
-    pool = lora_pool(args, common, k)
+    pool = lora_pool(args, common, k, perturbation)
     started = time.perf_counter() - start
     try:
         if "batched_tokens_per_s" not in results and k == 1:
@@ -453,10 +469,14 @@ def lora_row(args: argparse.Namespace, common: dict, results: dict, k: int = 1) 
             "engines_per_gpu": 1,
             "gpus": k * args.tensor_parallel_size,
             "places": pool.devices(),
-            "perturbation": "lora",
-            "mode": f"lora r{args.rank}, {args.lora_kernels} kernels",
+            "perturbation": perturbation,
+            "mode": (
+                f"lora r{args.rank}, {args.lora_kernels} kernels"
+                if perturbation == "lora"
+                else "full batched"
+            ),
             "start_s": started,
-            **es_iteration(pool, es_config(args, lora=True)),
+            **es_iteration(pool, es_config(args, perturbation)),
         }
         row["members_per_s"] = args.population / row[mk.time_key("step")]
         return row
