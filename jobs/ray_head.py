@@ -259,10 +259,13 @@ def _wait_until_up(head: subprocess.Popen, address: str, log_path: str) -> None:
                 f"the local Ray head failed to start (exit code {head.returncode}): {tail}"
             )
         try:
-            RayJobs(address).client  # noqa: B018 - connecting is the test
-            return
+            jobs = RayJobs(address)
+            jobs.client  # noqa: B018 - connecting is the test
+            if jobs.cluster_resources():  # and its node registered: runs can be placed
+                return
         except RayUnavailableError:
-            time.sleep(0.5)
+            pass
+        time.sleep(0.5)
     raise ServiceError(
         f"the local Ray head did not answer within {RAY_START_TIMEOUT_S:.0f} "
         f"s; see {log_path}, or set RAY_ADDRESS to an existing Ray cluster"

@@ -422,6 +422,11 @@ class Scheduler:
         if len(active) >= self.settings.max_concurrent_runs:
             return
         total = self.ray_jobs.cluster_resources()
+        if not total:
+            # No live node listed yet (a head whose node has not registered, or a state API
+            # too slow to answer under load): nothing is known to fit or not; next tick.
+            log.info("Ray lists no live node yet; queued runs wait")
+            return
         gpus = total.get("GPU", 0.0) > 0
         used: dict[str, float] = {}
         for run in active:

@@ -52,3 +52,35 @@ def test_engines_sharing_a_gpu_ask_for_their_share_of_it(sqlite_store, tmp_path)
     ray = SubmittingRay({"CPU": 16.0, "GPU": 1.0})
     Scheduler(sqlite_store, ray, SchedulerSettings(max_concurrent_runs=2)).tick()
     assert ray.job_gpus == {"shared": 0.0}
+
+
+def test_a_run_too_big_for_the_cluster_is_said_once_and_does_not_block_the_queue(
+    sqlite_store, tmp_path
+):
+    big = queue_run(sqlite_store, tmp_path / "a", name="big", num_engines=4, engines_per_gpu=1)
+    queue_run(sqlite_store, tmp_path / "b", name="small", num_engines=1)
+    ray = SubmittingRay({"CPU": 16.0, "GPU": 1.0})
+    scheduler = Scheduler(sqlite_store, ray, SchedulerSettings(max_concurrent_runs=2))
+    scheduler.tick()
+    scheduler.tick()
+    assert ray.submitted == ["small"]
+    warnings = [e.message for e in sqlite_store.events(big.id) if e.level == "warning"]
+    assert warnings == [
+        "waiting: the run needs 4 GPU but the Ray cluster has 1 GPU in all; lower "
+        "num_engines / tensor_parallel_size, or add nodes"
+    ]
+
+
+def test_runs_wait_without_a_warning_while_ray_lists_no_live_node(sqlite_store, tmp_path):
+    """A head whose node has not registered yet, or a state API too slow to answer under
+    load, lists no node: that is not a cluster of 0 CPUs that the run can never fit."""
+    run = queue_run(sqlite_store, tmp_path / "a", name="first")
+    ray = SubmittingRay()
+    ray.resources = {}
+    scheduler = Scheduler(sqlite_store, ray, SchedulerSettings(max_concurrent_runs=1))
+    scheduler.tick()
+    assert ray.submitted == []
+    assert [e for e in sqlite_store.events(run.id) if e.level == "warning"] == []
+    ray.resources = {"CPU": 2.0}
+    scheduler.tick()
+    assert ray.submitted == ["first"]
