@@ -95,7 +95,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--side-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
-    parser.set_defaults(tensor_parallel_size=1)  # utilization.py's engines: one GPU each
+    # utilization.py's engines: one GPU each; independent members, as the reference draws them
+    parser.set_defaults(tensor_parallel_size=1, antithetic=False)
     args = parser.parse_args(argv)
     for name in ("population", "prompts", "max_tokens", "steps"):
         if getattr(args, name) < 1:

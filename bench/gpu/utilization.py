@@ -144,6 +144,7 @@ def es_config(
         "max_tokens": args.max_tokens,
         "noise_std": 0.002,
         "learning_rate": 1e-5,
+        "antithetic": args.antithetic,
     }
     options["perturbation"] = perturbation
     if perturbation == "lora":
@@ -309,6 +310,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--rank", type=int, default=4, help="lora_rank of the low-rank mode")
     parser.add_argument(
+        "--antithetic",
+        action="store_true",
+        help="members in +eps/-eps pairs (full_batched's kernel then reads a pair's noise once)",
+    )
+    parser.add_argument(
         "--lora-kernels",
         default="deterministic",
         choices=LORA_KERNELS,
@@ -382,6 +388,7 @@ def main() -> None:
         "population": args.population,
         "prompts": args.prompts,
         "max_tokens": args.max_tokens,
+        "antithetic": args.antithetic,
         "rows": [],
     }
     common = common_options(args)
@@ -473,7 +480,7 @@ def slot_row(
             "mode": (
                 f"lora r{args.rank}, {args.lora_kernels} kernels"
                 if perturbation == "lora"
-                else "full batched"
+                else "full batched" + (", antithetic" if args.antithetic else "")
             ),
             "start_s": started,
             **es_iteration(pool, es_config(args, perturbation)),

@@ -9,6 +9,8 @@ import json
 from typing import ClassVar
 
 import torch
+import triton
+import triton.language as tl
 
 OUT, IN = 80, 96
 """A layer whose output is not a multiple of the kernel's 64 columns: masked edges run."""
@@ -111,6 +113,77 @@ def check(device: str, dtype: torch.dtype) -> dict[str, float]:
     return outcome
 
 
+PAIR_OFFSETS = [0, 0, 3_333, 3_333, 3_333, 501]
+"""Members of one noise block: slots 0 and 1 (an antithetic pair), and 2, 3 and 4."""
+PAIR_SCALES = [0.5, -0.5, 0.25, 0.0, 1.0, -1.0]  # slot 3: scale 0 adds nothing
+PAIR_PASSES = {
+    # a pair with different counts (its tiles cover the longer), and three of one block side
+    # by side: slots 2 and 3 (whose second adds nothing) a pair, slot 4 alone
+    "both": {0: 5, 1: 21, 2: 7, 3: 7, 4: 9, -1: 4},
+    # no two neighbours of one block
+    "alone": {0: 3, 3: 8, 5: 8},
+    # a pair whose first adds nothing, in an odd slot
+    "shifted": {3: 5, 4: 20},
+}
+PAIR_TILES = {
+    "both": [(1, 0, 1), (1, 16, 1), (3, 0, 1), (5, 0, 0)],
+    "alone": [(0, 0, 0), (1, 0, 0), (2, 0, 0)],
+    "shifted": [(0, 0, 1), (0, 16, 1)],
+}
+"""(group, first row, paired) of each tile at 16 tokens a block; groups are listed by slot,
+-1 first: "both" has groups -1, 0, 1, 2, 3, 4."""
+
+
+@triton.jit
+def _tiles_kernel(out, lora_ids, tokens_per_lora, groups, words, header_words, BLOCK: tl.constexpr):
+    """(group, row, paired) of tile program_id(0), as the member-noise kernel maps it."""
+    from engine.backends.vllm.cuda.member_noise import _tile_slot
+
+    t = tl.program_id(0)
+    g, row, paired = _tile_slot(t, lora_ids, tokens_per_lora, groups, words, header_words, BLOCK)
+    tl.store(out + 3 * t, g)
+    tl.store(out + 3 * t + 1, row)
+    tl.store(out + 3 * t + 2, paired)
+
+
+def check_pairs(device: str, dtype: torch.dtype) -> dict[str, float]:
+    """Antithetic pairs, which the kernel computes from one read of their block: its largest
+    error against float64 in each pass, whether tokens without a member or of scale 0
+    changed, and whether its tiles are PAIR_TILES (1.0) ."""
+    from engine.backends.vllm import member_noise
+    from engine.backends.vllm.cuda import member_noise as cuda_noise
+
+    generator = torch.Generator().manual_seed(11)
+    table = torch.randn(30_000, generator=generator).to(dtype).to(device)
+    headers = headers_of(PAIR_OFFSETS, PAIR_SCALES, table, dtype)
+    words, _ = member_noise.header_views(headers)
+    outcome: dict[str, float] = {}
+    for name, counts in PAIR_PASSES.items():
+        slots = [s for s, n in counts.items() for _ in range(n)]
+        indices = torch.tensor(slots)[torch.randperm(len(slots), generator=generator)]
+        x = torch.randn(len(slots), IN, generator=generator).to(dtype).to(device)
+        y = torch.randn(len(slots), OUT, generator=generator).to(dtype).to(device)
+        expected = reference(y.cpu(), x.cpu(), indices, table.cpu(), PAIR_OFFSETS, PAIR_SCALES)
+        meta = token_mapping(indices, device)
+        got = y.clone()
+        cuda_noise.member_noise(got, x, headers, OUT, **meta)
+        got = got.cpu()
+        scale = float((expected - y.cpu().double()).abs().max())
+        outcome[f"pairs_{name}_error"] = float((got.double() - expected).abs().max()) / scale
+        untouched = (indices < 0) | (indices == 3)
+        changed = bits(got[untouched]) != bits(y.cpu()[untouched])
+        outcome[f"pairs_{name}_untouched_changed"] = float(changed.sum())
+        tiles = torch.full((8, 3), -7, dtype=torch.int32, device=device)
+        groups = meta["lora_ids"].numel()
+        _tiles_kernel[(8,)](
+            tiles, meta["lora_ids"], meta["tokens_per_lora"], groups, words, words.stride(0),
+            BLOCK=16,
+        )  # fmt: skip
+        mapped = [tuple(row) for row in tiles.cpu().tolist() if row[0] >= 0]
+        outcome[f"pairs_{name}_tiles_as_expected"] = float(mapped == PAIR_TILES[name])
+    return outcome
+
+
 class _KernelMeta:
     """vLLM's LoRAKernelMeta as far as the hook reads it (meta_args)."""
 
@@ -177,4 +250,5 @@ if __name__ == "__main__":
     on_gpu = torch.cuda.is_available()
     dtype = torch.bfloat16 if on_gpu else torch.float32
     device = "cuda" if on_gpu else "cpu"
-    print(json.dumps({**check(device, dtype), **check_traced(device, dtype)}))
+    checks = (check, check_pairs, check_traced)
+    print(json.dumps({k: v for run in checks for k, v in run(device, dtype).items()}))

@@ -30,6 +30,11 @@ def test_each_token_gets_its_members_noise_product_and_no_other():
             assert got[f"{phase}_{way}_untouched_changed"] == 0.0
             assert got[f"{phase}_{way}_padding_changed"] == 0.0
     assert (got["decode_block_m"], got["prefill_block_m"]) == (16.0, 64.0)
+    # antithetic pairs side by side: one tile set reads their block for both
+    for case in ("both", "alone", "shifted"):
+        assert got[f"pairs_{case}_error"] < tolerance, (case, got)
+        assert got[f"pairs_{case}_untouched_changed"] == 0.0
+        assert got[f"pairs_{case}_tiles_as_expected"] == 1.0, case
     # vLLM's compiled model traces the routed hook whole (torch.compile fullgraph): the
     # punica wrapper's configuration and token mapping, the registered op, the kernel
     assert got["traced_error"] < tolerance

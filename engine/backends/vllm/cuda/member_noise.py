@@ -8,7 +8,9 @@ tokens (vLLM's LoRAKernelMeta sorts the tokens by slot; the tile -> block mappin
 `_tile_slot`'s) times blocks of output columns. A program reads its member's noise tile once
 for all of its tokens, so the noise is read once per BLOCK_M tokens of a member: 8 decode
 tokens a member take one read a step, and a prefill of hundreds of tokens a member takes
-larger token blocks (`block_m`). Each output element is written by one program, in one
+larger token blocks (`block_m`). An antithetic pair (one seed, scales +s and -s) in slots next
+to each other reads its block once for both members' tokens (`_tile_slot`): half the noise
+read of a population in pairs. Each output element is written by one program, in one
 rounding (y's value in fp32 plus the product, rounded to nearest even), so the result does
 not depend on the launch order: a seed gives the same bits every run.
 
@@ -41,21 +43,68 @@ PREFILL_BLOCK_M = 64
 
 
 @triton.jit
-def _tile_slot(t, lora_ids, tokens_per_lora, groups, BLOCK: tl.constexpr):
-    """(group, first row of the block in the group's sorted tokens) of tile t; group -1 when
-    t is past the last group's last block. Groups are vLLM's active adapter entries; one of
-    slot -1 (tokens without a member) takes no blocks."""
+def _same_block_as_next(g, lora_ids, groups, words, header_words):
+    """Whether group g and group g + 1 are members whose headers name the same noise block
+    (an antithetic pair: one seed, scales +s and -s, in slots that vLLM lists side by side)."""
+    slot = tl.load(lora_ids + g)
+    inside = g + 1 < groups
+    nxt = tl.load(lora_ids + g + 1, mask=inside, other=-1)
+    both = inside & (slot >= 0) & (nxt >= 0)
+    mine = tl.load(words + slot * header_words, mask=both, other=0)
+    theirs = tl.load(words + nxt * header_words, mask=both, other=1)
+    return both & (mine == theirs)
+
+
+@triton.jit
+def _tile_slot(t, lora_ids, tokens_per_lora, groups, words, header_words, BLOCK: tl.constexpr):
+    """(group, first row of the block in the group's sorted tokens, whether the tile also
+    takes the same rows of group + 1, its pair) of tile t; group -1 when t is past the last
+    group's last block. Groups are vLLM's active adapter entries, listed by slot; one of slot
+    -1 (tokens without a member) takes no blocks, nor does the second member of a pair. Pairs
+    are found left to right, so no group is in two (three members of one block: a pair and
+    one alone), and every program finds the same ones."""
     first = 0
     found = -1
     row = 0
+    paired = 0
+    second = 0  # whether group g is the second of a pair (group g - 1 takes its tiles)
     for g in range(groups):
         n = tl.load(tokens_per_lora + g)
-        blocks = tl.where(tl.load(lora_ids + g) >= 0, (n + BLOCK - 1) // BLOCK, 0)
+        pair = (_same_block_as_next(g, lora_ids, groups, words, header_words) & (second == 0)).to(
+            tl.int32
+        )
+        n = tl.maximum(n, tl.load(tokens_per_lora + g + 1, mask=pair != 0, other=0))
+        live = (tl.load(lora_ids + g) >= 0) & (second == 0)
+        blocks = tl.where(live, (n + BLOCK - 1) // BLOCK, 0)
         hit = (t >= first) & (t < first + blocks) & (found < 0)
         found = tl.where(hit, g, found)
         row = tl.where(hit, (t - first) * BLOCK, row)
+        paired = tl.where(hit, pair, paired)
         first += blocks
-    return found, row
+        second = pair
+    return found, row, paired
+
+
+@triton.jit
+def _member_tokens(
+    g, present, row, sorted_tokens, tokens_per_lora, token_start, BLOCK_M: tl.constexpr
+):
+    """(token indices, which of them exist) of rows row.. of group g's sorted tokens; none
+    unless `present` (g may then be past the last group)."""
+    block = row + tl.arange(0, BLOCK_M)
+    live = block < tl.load(tokens_per_lora + g, mask=present, other=0)
+    tokens = tl.load(sorted_tokens + tl.load(token_start + g) + block, mask=live, other=0)
+    return tokens, live
+
+
+@triton.jit
+def _add_product(y, y_stride, tokens, live, columns, N, scale, acc):
+    """y[tokens, columns] += scale * acc, in one rounding of y's fp32 value plus the product."""
+    out = y + tokens[None, :] * y_stride + columns[:, None]
+    mask = live[None, :] & (columns[:, None] < N)
+    before = tl.load(out, mask=mask, other=0.0).to(tl.float32)
+    total = before + scale * acc
+    tl.store(out, total.to(y.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
 
 
 @triton.jit
@@ -64,37 +113,54 @@ def member_noise_kernel(
     N, K, x_stride, y_stride, header_words, header_floats,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """y[tokens of the tile's member, columns] += s * eps[columns, :] @ x[tokens]^T."""
-    g, row = _tile_slot(tl.program_id(0), lora_ids, tokens_per_lora, groups, BLOCK_M)
+    """y[tokens of the tile's member, columns] += s * eps[columns, :] @ x[tokens]^T; a tile
+    of an antithetic pair does the same for the pair's second member's tokens (its own
+    scale), with each noise tile loaded once for both."""
+    g, row, paired = _tile_slot(
+        tl.program_id(0), lora_ids, tokens_per_lora, groups, words, header_words, BLOCK_M
+    )
     if g >= 0:
         slot = tl.load(lora_ids + g)
         scale = tl.load(floats + slot * header_floats + 4)
-        if scale != 0.0:
+        # the pair's second member, group g + 1 (no tokens and scale 0 when unpaired)
+        slot_b = tl.load(lora_ids + g + 1, mask=paired != 0, other=0)
+        scale_b = tl.load(floats + slot_b * header_floats + 4, mask=paired != 0, other=0.0)
+        if (scale != 0.0) | (scale_b != 0.0):
             offset = tl.load(words + slot * header_words)
             table = tl.load(words + slot * header_words + 1).to(tl.pointer_type(x.dtype.element_ty))
-            block = row + tl.arange(0, BLOCK_M)
-            live = block < tl.load(tokens_per_lora + g)
-            tokens = tl.load(sorted_tokens + tl.load(token_start + g) + block, mask=live, other=0)
+            tokens, live = _member_tokens(
+                g, True, row, sorted_tokens, tokens_per_lora, token_start, BLOCK_M
+            )
+            tokens_b, live_b = _member_tokens(
+                g + 1, paired != 0, row, sorted_tokens, tokens_per_lora, token_start, BLOCK_M
+            )
             columns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            acc_b = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
                 ks = k0 + tl.arange(0, BLOCK_K)
-                xt = tl.load(
-                    x + tokens[None, :] * x_stride + ks[:, None],
-                    mask=live[None, :] & (ks[:, None] < K),
-                    other=0.0,
-                )
                 eps = tl.load(
                     table + offset + columns[:, None] * K + ks[None, :],
                     mask=(columns[:, None] < N) & (ks[None, :] < K),
                     other=0.0,
                 )
+                xt = tl.load(
+                    x + tokens[None, :] * x_stride + ks[:, None],
+                    mask=live[None, :] & (ks[:, None] < K),
+                    other=0.0,
+                )
                 acc = tl.dot(eps, xt, acc)
-            out = y + tokens[None, :] * y_stride + columns[:, None]
-            mask = live[None, :] & (columns[:, None] < N)
-            before = tl.load(out, mask=mask, other=0.0).to(tl.float32)
-            total = before + scale * acc
-            tl.store(out, total.to(y.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+                if paired:
+                    xt_b = tl.load(
+                        x + tokens_b[None, :] * x_stride + ks[:, None],
+                        mask=live_b[None, :] & (ks[:, None] < K),
+                        other=0.0,
+                    )
+                    acc_b = tl.dot(eps, xt_b, acc_b)
+            if scale != 0.0:
+                _add_product(y, y_stride, tokens, live, columns, N, scale, acc)
+            if (paired != 0) & (scale_b != 0.0):
+                _add_product(y, y_stride, tokens_b, live_b, columns, N, scale_b, acc_b)
 
 
 def block_m(tokens: int, groups: int) -> int:
