@@ -135,7 +135,8 @@ def test_a_full_batched_run_takes_one_call_a_step_and_repeats_itself(
 ):
     """Two runs of the same seed: the whole population of a step (4 members x 2 prompts) in
     one engine call, the same metrics and the same weights after, which moved; the members
-    generated different completions (their noise reached the text)."""
+    generated different completions (their noise reached the text). Each antithetic pair
+    sits in neighbouring slots, where the CUDA kernel reads its noise block once for both."""
     vllm_noise_engine.save_master(str(tmp_path / "input"))
     input_checksum = vllm_noise_engine.checksum()
     runs, checksums = [], []
@@ -153,6 +154,8 @@ def test_a_full_batched_run_takes_one_call_a_step_and_repeats_itself(
         assert len(set(rewards)) > 1, rewards
     assert runs[0] == runs[1]
     assert checksums[0] == checksums[1] != input_checksum
+    slots = vllm_noise_engine.check("es_check_member_slots", [0, 1, 2, 3])[0]
+    assert slots[1] == slots[0] + 1 and slots[3] == slots[2] + 1, slots
 
 
 class ScoringCounter(CountingEngine):

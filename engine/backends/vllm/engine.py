@@ -304,18 +304,20 @@ class VLLMEngine:
     ) -> None:
         """Put population members (slot, seed, scale) into this engine's LoRA slots; then
         `generate(adapters=[slot, ...])` serves them (lora_slots.py). The first call, and
-        any after another adapter took a member's slot, registers the slots with a warm-up
-        call of one token per slot."""
+        any after another adapter took a member's slot, registers the missing slots, in
+        order, with a warm-up call of one token each: vLLM gives each the first free slot,
+        so the members of an antithetic pair sit side by side, where the full-rank members'
+        CUDA kernel reads their noise once for both (cuda/member_noise.py). (One call for
+        all of them activated them in an order of vLLM's own.) The least recently used
+        adapter makes way when none is free, never one of these just registered."""
         if self._member_placeholder is None:
             self._member_folder = tempfile.mkdtemp(prefix="eslab-slots-", dir=tmpfs_dir())
             self._member_placeholder = write_placeholder(self._member_folder, spec, self.model)
         members = [(int(slot), int(seed), float(scale)) for slot, seed, scale in members]
         missing = self._rpc("es_lora_members", members, spec)[0]
-        if missing:  # one batch of all members: registering one must not evict another
-            slots = [slot for slot, _, _ in members]
-            self.generate(
-                [[{"role": "user", "content": "."}]] * len(slots), max_tokens=1, adapters=slots
-            )
+        if missing:
+            for slot in sorted(missing):
+                self.generate([[{"role": "user", "content": "."}]], max_tokens=1, adapters=[slot])
             missing = self._rpc("es_lora_members", members, spec)[0]
             if missing:
                 raise RuntimeError(

@@ -412,6 +412,11 @@ class PerturbationWorkerExtension:
         """The factors member slot `slot` holds for target `name` (lora_slots.slot_factors)."""
         return lora_slots.slot_factors(self, _model(self), slot, name)
 
+    def es_check_member_slots(self, members: list[int]) -> list[int]:
+        """The slot each member's adapter holds (lora_slots.active_member_slots)."""
+        manager = self.model_runner.lora_manager._adapter_manager
+        return lora_slots.active_member_slots(manager, members)[0]
+
     def es_check_values(self, name: str, count: int) -> dict[str, list[float]]:
         """The first `count` entries of a tensor (logical layout): serving, snapshot and
         master, as floats."""
