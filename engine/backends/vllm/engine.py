@@ -304,20 +304,25 @@ class VLLMEngine:
     ) -> None:
         """Put population members (slot, seed, scale) into this engine's LoRA slots; then
         `generate(adapters=[slot, ...])` serves them (lora_slots.py). The first call, and
-        any after another adapter took a member's slot, registers the missing slots, in
-        order, with a warm-up call of one token each: vLLM gives each the first free slot,
-        so the members of an antithetic pair sit side by side, where the full-rank members'
-        CUDA kernel reads their noise once for both (cuda/member_noise.py). (One call for
-        all of them activated them in an order of vLLM's own.) The least recently used
-        adapter makes way when none is free, never one of these just registered."""
+        any after another adapter took a member's slot, registers the slots with warm-up
+        calls of one token a slot. When no member is registered (a new engine), one call a
+        member, in order: vLLM gives each the first free slot, so the members of an
+        antithetic pair sit side by side, where the full-rank members' CUDA kernel reads
+        their noise once for both (cuda/member_noise.py); one call for all of them
+        activated them in an order of vLLM's own ([0, 2, 1, 3]). When some are registered,
+        one call for all: the least recently used adapter makes way for a new one, and it
+        may be a registered member that no call of this round touched."""
         if self._member_placeholder is None:
             self._member_folder = tempfile.mkdtemp(prefix="eslab-slots-", dir=tmpfs_dir())
             self._member_placeholder = write_placeholder(self._member_folder, spec, self.model)
         members = [(int(slot), int(seed), float(scale)) for slot, seed, scale in members]
         missing = self._rpc("es_lora_members", members, spec)[0]
         if missing:
-            for slot in sorted(missing):
-                self.generate([[{"role": "user", "content": "."}]], max_tokens=1, adapters=[slot])
+            slots = [slot for slot, _, _ in members]
+            rounds = [[s] for s in sorted(slots)] if len(missing) == len(slots) else [slots]
+            for batch in rounds:
+                prompts = [[{"role": "user", "content": "."}]] * len(batch)
+                self.generate(prompts, max_tokens=1, adapters=batch)
             missing = self._rpc("es_lora_members", members, spec)[0]
             if missing:
                 raise RuntimeError(
