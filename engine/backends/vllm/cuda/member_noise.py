@@ -129,7 +129,7 @@ def member_noise_kernel(
             offset = tl.load(words + slot * header_words)
             table = tl.load(words + slot * header_words + 1).to(tl.pointer_type(x.dtype.element_ty))
             tokens, live = _member_tokens(
-                g, True, row, sorted_tokens, tokens_per_lora, token_start, BLOCK_M
+                g, g >= 0, row, sorted_tokens, tokens_per_lora, token_start, BLOCK_M
             )
             tokens_b, live_b = _member_tokens(
                 g + 1, paired != 0, row, sorted_tokens, tokens_per_lora, token_start, BLOCK_M
@@ -150,7 +150,7 @@ def member_noise_kernel(
                     other=0.0,
                 )
                 acc = tl.dot(eps, xt, acc)
-                if paired:
+                if paired != 0:
                     xt_b = tl.load(
                         x + tokens_b[None, :] * x_stride + ks[:, None],
                         mask=live_b[None, :] & (ks[:, None] < K),
