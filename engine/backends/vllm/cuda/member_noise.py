@@ -98,6 +98,16 @@ def _member_tokens(
 
 
 @triton.jit
+def _inputs(x, x_stride, tokens, live, ks, K):
+    """x[tokens, ks]^T: the [BLOCK_K, BLOCK_M] input tile of a member's tokens."""
+    return tl.load(
+        x + tokens[None, :] * x_stride + ks[:, None],
+        mask=live[None, :] & (ks[:, None] < K),
+        other=0.0,
+    )
+
+
+@triton.jit
 def _add_product(y, y_stride, tokens, live, columns, N, scale, acc):
     """y[tokens, columns] += scale * acc, in one rounding of y's fp32 value plus the product."""
     out = y + tokens[None, :] * y_stride + columns[:, None]
@@ -144,19 +154,9 @@ def member_noise_kernel(
                     mask=(columns[:, None] < N) & (ks[None, :] < K),
                     other=0.0,
                 )
-                xt = tl.load(
-                    x + tokens[None, :] * x_stride + ks[:, None],
-                    mask=live[None, :] & (ks[:, None] < K),
-                    other=0.0,
-                )
-                acc = tl.dot(eps, xt, acc)
+                acc = tl.dot(eps, _inputs(x, x_stride, tokens, live, ks, K), acc)
                 if paired != 0:
-                    xt_b = tl.load(
-                        x + tokens_b[None, :] * x_stride + ks[:, None],
-                        mask=live_b[None, :] & (ks[:, None] < K),
-                        other=0.0,
-                    )
-                    acc_b = tl.dot(eps, xt_b, acc_b)
+                    acc_b = tl.dot(eps, _inputs(x, x_stride, tokens_b, live_b, ks, K), acc_b)
             if scale != 0.0:
                 _add_product(y, y_stride, tokens, live, columns, N, scale, acc)
             if (paired != 0) & (scale_b != 0.0):
