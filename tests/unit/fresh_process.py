@@ -18,7 +18,8 @@ def checked_in_fresh_process(args: list[str], interpret: bool) -> Any:
     """The JSON that `python args...` prints last, run from the repository's root, with
     Triton's interpreter on when `interpret`; a failing process fails the test with its
     error."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
     if interpret:
         env["TRITON_INTERPRET"] = "1"
     done = subprocess.run(
