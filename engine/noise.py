@@ -78,6 +78,11 @@ TABLE_CHUNK = 2**22
 it needs little host memory and the result does not depend on the device or the chunking of
 the copy."""
 
+TABLE_SLACK = 8
+"""Entries an engine keeps after its table (the longer table's own values), which kernels
+that read noise blocks in aligned 16-byte vectors may touch past a block that ends where the
+table does (engine/backends/vllm/cuda/member_noise.py); offsets never reach them."""
+
 UPDATE_CHUNK = 2**16
 """On the CPU the update converts bf16 noise to fp32 in blocks of this many entries, so the
 block and the master block it is added to stay in cache across members (measured fastest

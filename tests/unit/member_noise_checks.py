@@ -12,21 +12,41 @@ import torch
 import triton
 import triton.language as tl
 
-OUT, IN = 80, 96
+from engine.backends.vllm.cuda.member_noise import _tile_slot
+
+OUT, IN = 80, 128
 """A layer whose output is not a multiple of the kernel's 64 columns: masked edges run."""
 
 SLOTS = 6
 
+TABLE_LEN = 30_003
+"""A table whose end is not 16-byte aligned, and whose last block (at END_OFFSET) starts 3
+entries past an aligned one."""
+END_OFFSET = TABLE_LEN - OUT * IN
 
-def token_mapping(indices: torch.Tensor, device: str) -> dict[str, torch.Tensor]:
+
+def noise_table(generator: torch.Generator, dtype: torch.dtype, device: str) -> torch.Tensor:
+    """A table of TABLE_LEN normals as an engine holds it: followed by TABLE_SLACK more, and
+    then by NaNs, which a kernel reading past the slack would carry into its products."""
+    from engine.noise import TABLE_SLACK
+
+    values = torch.randn(TABLE_LEN + TABLE_SLACK + 8, generator=generator)
+    values[TABLE_LEN + TABLE_SLACK :] = float("nan")
+    return values.to(dtype).to(device)[:TABLE_LEN]
+
+
+def token_mapping(
+    indices: torch.Tensor, device: str, slots: int = SLOTS
+) -> dict[str, torch.Tensor]:
     """vLLM's LoRAKernelMeta for per-token slot `indices` (-1: no member), as
     prepare_tensors builds it: tokens sorted by slot, the slots present (sorted, -1 first),
-    their token counts and starts, padded to SLOTS + 1 entries, and its two CPU flags."""
+    their token counts and starts, padded to `slots` + 1 entries, and its two CPU flags
+    (bench/gpu/member_noise_kernel.py builds its passes with it too)."""
     order = torch.sort(indices, stable=True).indices
     ids, counts = torch.unique(indices, sorted=True, return_counts=True)
-    lora_ids = torch.full((SLOTS + 1,), -1, dtype=torch.int32)
-    per_lora = torch.zeros(SLOTS + 1, dtype=torch.int32)
-    starts = torch.zeros(SLOTS + 2, dtype=torch.int32)
+    lora_ids = torch.full((slots + 1,), -1, dtype=torch.int32)
+    per_lora = torch.zeros(slots + 1, dtype=torch.int32)
+    starts = torch.zeros(slots + 2, dtype=torch.int32)
     lora_ids[: ids.numel()] = ids.int()
     per_lora[: counts.numel()] = counts.int()
     starts[1 : 1 + counts.numel()] = torch.cumsum(counts, 0).int()
@@ -41,12 +61,17 @@ def token_mapping(indices: torch.Tensor, device: str) -> dict[str, torch.Tensor]
 
 
 def headers_of(
-    offsets: list[int], scales: list[float], table: torch.Tensor, dtype: torch.dtype
+    offsets: list[int],
+    scales: list[float],
+    table: torch.Tensor,
+    dtype: torch.dtype,
+    inputs: int = IN,
 ) -> torch.Tensor:
-    """A layer's lora_a_stacked[0] of rank 1 with a member header in every slot."""
+    """A layer of `inputs` inputs: its lora_a_stacked[0] of rank 1 with a member header in
+    every slot, one a member of `offsets`."""
     from engine.backends.vllm import member_noise
 
-    headers = torch.zeros(SLOTS, 1, 1, IN, dtype=dtype, device=table.device)
+    headers = torch.zeros(len(offsets), 1, 1, inputs, dtype=dtype, device=table.device)
     words, floats = member_noise.header_views(headers)
     for slot, (offset, scale) in enumerate(zip(offsets, scales, strict=True)):
         words[slot, 0], words[slot, 1] = offset, table.data_ptr()
@@ -79,8 +104,8 @@ def check(device: str, dtype: torch.dtype) -> dict[str, float]:
     from engine.backends.vllm.cuda import member_noise as cuda_noise
 
     generator = torch.Generator().manual_seed(3)
-    table = torch.randn(30_000, generator=generator).to(dtype).to(device)
-    offsets = [0, 7_001, 3_333, 12_345, 501, 9_999]
+    table = noise_table(generator, dtype, device)
+    offsets = [0, 7_001, END_OFFSET, 12_345, 501, 9_999]
     scales = [0.5, -0.5, 0.25, 0.0, 1.0, -2.0]  # slot 3: scale 0 adds nothing
     headers = headers_of(offsets, scales, table, dtype)
     member_noise._tables[table.data_ptr()] = table
@@ -137,8 +162,6 @@ PAIR_TILES = {
 @triton.jit
 def _tiles_kernel(out, lora_ids, tokens_per_lora, groups, words, header_words, BLOCK: tl.constexpr):
     """(group, row, paired) of tile program_id(0), as the member-noise kernel maps it."""
-    from engine.backends.vllm.cuda.member_noise import _tile_slot
-
     t = tl.program_id(0)
     g, row, paired = _tile_slot(t, lora_ids, tokens_per_lora, groups, words, header_words, BLOCK)
     tl.store(out + 3 * t, g)
@@ -154,7 +177,7 @@ def check_pairs(device: str, dtype: torch.dtype) -> dict[str, float]:
     from engine.backends.vllm.cuda import member_noise as cuda_noise
 
     generator = torch.Generator().manual_seed(11)
-    table = torch.randn(30_000, generator=generator).to(dtype).to(device)
+    table = noise_table(generator, dtype, device)
     headers = headers_of(PAIR_OFFSETS, PAIR_SCALES, table, dtype)
     words, _ = member_noise.header_views(headers)
     outcome: dict[str, float] = {}
@@ -207,7 +230,7 @@ def check_traced(device: str, dtype: torch.dtype) -> dict[str, float]:
 
     cuda_noise.register_op()
     generator = torch.Generator().manual_seed(5)
-    table = torch.randn(30_000, generator=generator).to(dtype).to(device)
+    table = noise_table(generator, dtype, device)
     offsets, scales = [0, 9_000, 4_000, 11_000, 2_000, 6_000], [0.5, -0.5, 1.0, 0.0, 2.0, -1.0]
     headers = headers_of(offsets, scales, table, dtype)
     indices = torch.tensor([s for s in (2, -1, 0, 5) for _ in range(6)])

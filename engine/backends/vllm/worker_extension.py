@@ -130,8 +130,11 @@ class PerturbationWorkerExtension:
             largest = max(self._es_live, key=lambda t: t.numel())
             table_len = noise.noise_table_len(max(m.numel for m in self._es_maps), min_table_len)
             self._es_table = noise.build_noise_table(
-                table_len, seed=table_seed, dtype=largest.dtype, device=largest.device
-            )
+                table_len + noise.TABLE_SLACK,
+                seed=table_seed,
+                dtype=largest.dtype,
+                device=largest.device,
+            )[:table_len]
             # The update adds noise to the fp32 master. On the CPU a same-dtype fp32 add is
             # the fast and steady kernel (the bf16 -> fp32 conversion kernels stalled for
             # seconds when another process held a core), so keep the same values in fp32

@@ -21,11 +21,13 @@ slot without a member there, or a layer the run does not perturb) skips the prod
 
 bench/gpu/shared_reads.py and bench/gpu/shared_noise_engine.py measured the same product
 (`_noise_product` there) with members in fixed rows; the tiles (64 output rows by 64 of K)
-are the ones found fastest there.
+are the ones found fastest there. bench/gpu/member_noise_kernel.py times this kernel on a
+model's layers for other tiles (`launch`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -40,6 +42,9 @@ DECODE_BLOCK_M = 16
 """Tokens a program takes while members have few tokens each (tl.dot's least)."""
 PREFILL_BLOCK_M = 64
 """Tokens a program takes when members average this many or more in the pass (prefill)."""
+ALIGN = tl.constexpr(8)
+"""Noise entries a vector load reads (16 bytes of bf16). The kernel reads up to ALIGN - 1
+entries past a block, so the worker's table is followed by engine.noise.TABLE_SLACK more."""
 
 
 @triton.jit
@@ -99,10 +104,11 @@ def _member_tokens(
 
 @triton.jit
 def _inputs(x, x_stride, tokens, live, ks, K):
-    """x[tokens, ks]^T: the [BLOCK_K, BLOCK_M] input tile of a member's tokens."""
+    """x[tokens, ks]^T: the [BLOCK_K, BLOCK_M] input tile of a member's tokens, zero at
+    inputs outside 0..K-1."""
     return tl.load(
         x + tokens[None, :] * x_stride + ks[:, None],
-        mask=live[None, :] & (ks[:, None] < K),
+        mask=live[None, :] & (ks[:, None] >= 0) & (ks[:, None] < K),
         other=0.0,
     )
 
@@ -125,7 +131,14 @@ def member_noise_kernel(
 ):  # fmt: skip
     """y[tokens of the tile's member, columns] += s * eps[columns, :] @ x[tokens]^T; a tile
     of an antithetic pair does the same for the pair's second member's tokens (its own
-    scale), with each noise tile loaded once for both."""
+    scale), with each noise tile loaded once for both.
+
+    A member's block starts at any entry of the table, so the noise is read from the
+    ALIGN-aligned entry at or before it, `shift` entries early: in whole 16-byte vectors,
+    which Triton then streams asynchronously (unaligned, it loaded 2 bytes at a time, and the
+    1.07B model's noise was read at about 1 TB/s of an H100's 3.35: docs/gpu.md). Loaded
+    column j holds the noise of input j - shift, so the inputs are read shifted instead; the
+    window's extra columns meet zero inputs."""
     g, row, paired = _tile_slot(
         tl.program_id(0), lora_ids, tokens_per_lora, groups, words, header_words, BLOCK_M
     )
@@ -137,7 +150,9 @@ def member_noise_kernel(
         scale_b = tl.load(floats + slot_b * header_floats + 4, mask=paired != 0, other=0.0)
         if (scale != 0.0) | (scale_b != 0.0):
             offset = tl.load(words + slot * header_words)
+            shift = (offset % ALIGN).to(tl.int32)
             table = tl.load(words + slot * header_words + 1).to(tl.pointer_type(x.dtype.element_ty))
+            block = tl.multiple_of(table, 16) + tl.multiple_of(offset - shift, ALIGN)
             tokens, live = _member_tokens(
                 g, g >= 0, row, sorted_tokens, tokens_per_lora, token_start, BLOCK_M
             )
@@ -147,13 +162,14 @@ def member_noise_kernel(
             columns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             acc_b = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                ks = k0 + tl.arange(0, BLOCK_K)
+            for j0 in range(0, K + shift, BLOCK_K):
+                js = j0 + tl.arange(0, BLOCK_K)
                 eps = tl.load(
-                    table + offset + columns[:, None] * K + ks[None, :],
-                    mask=(columns[:, None] < N) & (ks[None, :] < K),
+                    block + columns[:, None] * K + js[None, :],
+                    mask=(columns[:, None] < N) & (js[None, :] < K + ALIGN),
                     other=0.0,
                 )
+                ks = js - shift
                 acc = tl.dot(eps, _inputs(x, x_stride, tokens, live, ks, K), acc)
                 if paired != 0:
                     acc_b = tl.dot(eps, _inputs(x, x_stride, tokens_b, live_b, ks, K), acc_b)
@@ -184,6 +200,24 @@ def member_noise(
     out_features] (rows contiguous), `headers` a layer's lora_a_stacked[0]; the rest is
     vLLM's token mapping (LoRAKernelMeta.meta_args), its two flags CPU tensors as in vLLM's
     LoRA ops (no wait on the GPU): no token has a member, and the groups holding tokens."""
+    mapping = sorted_tokens, tokens_per_lora, token_start, lora_ids
+    launch(y, x, headers, out_features, mapping, no_lora_flag_cpu, num_active_loras, {})
+
+
+def launch(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    headers: torch.Tensor,
+    out_features: int,
+    mapping: Sequence[torch.Tensor],
+    no_lora_flag_cpu: torch.Tensor,
+    num_active_loras: torch.Tensor,
+    tiles: Mapping[str, int],
+) -> None:
+    """member_noise, vLLM's token mapping tensors in `mapping` (sorted tokens, tokens a
+    group, group starts, group slots), with `tiles` overriding the launch's BLOCK_N, BLOCK_K,
+    num_warps and num_stages: the kernel bench's search (bench/gpu/member_noise_kernel.py).
+    The op keeps member_noise's signature, from which torch infers its schema."""
     from engine.backends.vllm.member_noise import header_views
 
     if bool(no_lora_flag_cpu.item()):
@@ -191,12 +225,13 @@ def member_noise(
     groups = int(num_active_loras.item())
     m, k = x.shape
     words, floats = header_views(headers)
+    lora_ids = mapping[3]
     tile = block_m(m, groups)
-    grid = (triton.cdiv(m, tile) + groups, triton.cdiv(out_features, BLOCK_N))
+    options = {"BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, **tiles}
+    grid = (triton.cdiv(m, tile) + groups, triton.cdiv(out_features, options["BLOCK_N"]))
     member_noise_kernel[grid](
-        x, y, words, floats, sorted_tokens, tokens_per_lora, token_start, lora_ids,
-        lora_ids.numel(), out_features, k, x.stride(0), y.stride(0), words.stride(0),
-        floats.stride(0), BLOCK_M=tile, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        x, y, words, floats, *mapping, lora_ids.numel(), out_features, k, x.stride(0),
+        y.stride(0), words.stride(0), floats.stride(0), BLOCK_M=tile, **options,
     )  # fmt: skip
 
 
