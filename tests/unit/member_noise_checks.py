@@ -15,7 +15,9 @@ import triton.language as tl
 from engine.backends.vllm.cuda.member_noise import _tile_slot
 
 OUT, IN = 80, 128
-"""A layer whose output is not a multiple of the kernel's 64 columns: masked edges run."""
+"""A layer whose output is not a multiple of the kernel's 64 columns (masked edges run), and
+whose inputs are, as models' are: at 96 inputs, a kernel loop that missed a shifted block's
+last columns would still pass."""
 
 SLOTS = 6
 
