@@ -6,8 +6,13 @@ the calls of one step that made the host wait for the GPU (torch's sync debug mo
 code that made them: with asynchronous scheduling a wait inside a decode step serializes the
 host's preparation of the next step with the GPU's work on this one.
 
-    python3 bench/gpu/profile_step.py MODEL [--lora] [--rank 4] [--lora-kernels deterministic]
-        [--population 32] [--prompts 8] [--max-tokens 128] [--batched] --out DIR
+    python3 bench/gpu/profile_step.py MODEL [--lora | --batched] [--rank 4]
+        [--lora-kernels deterministic] [--antithetic] [--population 32] [--prompts 8]
+        [--max-tokens 128] [--reference-call] --out DIR
+
+The step is full rank's (one member at a time), the low-rank mode's with --lora, or
+perturbation full_batched's with --batched (as utilization.py's rows); --reference-call
+profiles utilization.py's 256-prompt call instead, on the same engine.
 
 Prints the summary and writes DIR/profile-<mode>.txt (the same, with the top kernels and the
 host's top functions) and DIR/trace-<mode>.json.gz (the CUDA timeline, for Perfetto).
@@ -56,6 +61,7 @@ from engine.sink import MemorySink, StepReport
 from engine.trainer import train
 
 KINDS = {
+    "member noise": re.compile(r"member_noise", re.I),  # perturbation full_batched's kernel
     "lora": re.compile(r"lora|shrink|expand|punica|sgmv|bgmv", re.I),
     "attention": re.compile(r"flash|attn|attention", re.I),  # before matmul: FA3 is sm90 cutlass
     "matmul": re.compile(r"gemm|cutlass|sm90|nvjet|cublas|matmul", re.I),
@@ -96,16 +102,21 @@ class StepSink(MemorySink):
         super().log_step(report)
 
 
+def perturbation(args: argparse.Namespace) -> str:
+    return "lora" if args.lora else "full_batched" if args.batched else "full"
+
+
 def one_step(pool: EnginePool, args: argparse.Namespace, sink: StepSink | None = None) -> float:
     """Seconds of one ES step of the measured configuration (the step's own clock), or with
-    --batched of utilization.py's reference call: BATCH prompts on the unperturbed engine."""
+    --reference-call of utilization.py's reference call: BATCH prompts on the unperturbed
+    engine."""
     sink = sink or StepSink()
-    if args.batched:
+    if args.reference_call:
         seconds, _ = plain_call(pool._local, batch_prompts(), args.max_tokens)
         if sink.at_step is not None:
             sink.at_step()
         return seconds
-    train(es_config(args, "lora" if args.lora else "full"), sink, pool=pool)
+    train(es_config(args, perturbation(args)), sink, pool=pool)
     return sink.steps[0].metrics[mk.time_key("step")]
 
 
@@ -256,10 +267,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_arguments(parser)
     parser.set_defaults(**ONE_ENGINE)
-    parser.add_argument("--lora", action="store_true", help="the low-rank mode (else full rank)")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--lora", action="store_true", help="the low-rank mode (else full rank)")
+    modes.add_argument(
+        "--batched", action="store_true", help="perturbation full_batched (else full rank)"
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
-        "--batched",
+        "--reference-call",
         action="store_true",
         help="measure utilization.py's reference call (256 prompts, no member) instead of a step",
     )
@@ -273,14 +288,19 @@ def main() -> None:
     args = parser.parse_args()
     for name in args.patch:
         PATCHES[name]()
+    labels = {"lora": f"lora-r{args.rank}", "full_batched": "full-batched", "full": "full"}
     mode = "-".join(
-        [f"lora-r{args.rank}" if args.lora else "full"]
-        + (["batched"] if args.batched else [])
+        [labels[perturbation(args)]]
+        + (["antithetic"] if args.antithetic else [])
+        + (["reference-call"] if args.reference_call else [])
         + args.patch
     )
     args.out.mkdir(parents=True, exist_ok=True)
     common = common_options(args)
-    pool = lora_pool(args, common) if args.lora else full_rank_pool(args, 1, common)
+    slots = perturbation(args) != "full"
+    pool = (
+        lora_pool(args, common, 1, perturbation(args)) if slots else full_rank_pool(args, 1, common)
+    )
     try:
         lines = [f"{args.model}, {mode}, population {args.population} x {args.prompts} prompts"]
         lines.append(

@@ -9,6 +9,7 @@ def test_kernels_are_sorted_into_kinds_by_their_names():
     assert profile_step.kind(fa3) == "attention"  # cutlass and sm90, yet attention
     assert profile_step.kind("nvjet_sm90_tst_128x8_64x12_2x1_v_bz_TNT") == "matmul"
     assert profile_step.kind("_lora_expand_kernel") == "lora"
+    assert profile_step.kind("member_noise_kernel") == "member noise"  # not lora's, not other
     assert profile_step.kind("_gumbel_sample_kernel") == "sampling"
     assert profile_step.kind("triton_red_fused_fused_add_rms_norm_2") == "other"
 
