@@ -10,7 +10,7 @@ checked against the torch path (member_noise.add_noise_products) on the widest l
 each layer's launch is timed (median over --repeats after a warm-up, synchronized). Printed
 per setting: microseconds a layer, the whole model's noise products of one pass (all
 layers), and the noise read per second (each member's block once, a pair's once) against
-the copy of a buffer of the same size.
+what a copy of 1 GiB reads per second on the card.
 
     python3 bench/gpu/member_noise_kernel.py MODEL_DIR [--population 32] [--tokens 8]
         [--antithetic] [--tiles 64,64,4,3 128,128,8,3 ...] [--json FILE]
@@ -24,10 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,7 +35,7 @@ from engine.backends.vllm import member_noise
 from engine.backends.vllm.cuda import member_noise as cuda_noise
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
-from weight_kernels import checkpoint_shapes  # noqa: E402
+from weight_kernels import checkpoint_shapes, timed  # noqa: E402
 
 from tests.unit.member_noise_checks import headers_of, token_mapping  # noqa: E402
 
@@ -77,26 +74,11 @@ def parse_tiles(text: str) -> dict[str, int]:
     return {"BLOCK_N": n, "BLOCK_K": k, "num_warps": warps, "num_stages": stages}
 
 
-def timed(fn: Callable[[], None], repeats: int, on_gpu: bool) -> float:
-    """Median seconds of fn, synchronized, after one untimed call."""
-    fn()
-    seconds = []
-    for _ in range(repeats):
-        if on_gpu:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if on_gpu:
-            torch.cuda.synchronize()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
-
-
-def copy_rate(size: int, dtype: torch.dtype, device: str, on_gpu: bool) -> float:
+def copy_rate(size: int, dtype: torch.dtype, device: str) -> float:
     """TB/s that a copy of `size` bytes reads."""
     source = torch.empty(size // dtype.itemsize, dtype=dtype, device=device)
     target = torch.empty_like(source)
-    return size / timed(lambda: target.copy_(source), 5, on_gpu) / 1e12
+    return size / timed(lambda _: target.copy_(source), 5) / 1e12
 
 
 def main() -> None:
@@ -133,7 +115,7 @@ def main() -> None:
         y = torch.zeros(len(indices), out, dtype=dtype, device=device)
         passes[name] = (x, y, headers_of(offsets, scales, table, dtype, inputs), out)
     noise_bytes = blocks * layers * sum(o * i for o, i in shapes.values()) * table.element_size()
-    copy_tb_per_s = copy_rate(min(noise_bytes, COPY_BYTES), dtype, device, on_gpu)
+    copy_tb_per_s = copy_rate(min(noise_bytes, COPY_BYTES), dtype, device)
     print(
         f"{args.model.name}: {layers} layers {shapes}, population {args.population} x "
         f"{args.tokens} tokens{', antithetic' if args.antithetic else ''}; one pass reads "
@@ -152,11 +134,11 @@ def main() -> None:
         "copy_tb_per_s": copy_tb_per_s,
         "tiles": [],
     }
+    x, y, headers, out = passes[widest]
+    expected = y.clone()
+    member_noise.add_noise_products(indices.to(device), expected, x, headers, out)
     for text in args.tiles:
         tiles = parse_tiles(text)
-        x, y, headers, out = passes[widest]
-        expected = y.clone()
-        member_noise.add_noise_products(indices.to(device), expected, x, headers, out)
         got = y.clone()
         try:
             cuda_noise.launch(got, x, headers, out, mapping, *flags, tiles)
@@ -168,9 +150,10 @@ def main() -> None:
         layer_us = {
             name: 1e6
             * timed(
-                lambda p=p, t=tiles: cuda_noise.launch(p[1], p[0], p[2], p[3], mapping, *flags, t),
+                lambda _, p=p, t=tiles: cuda_noise.launch(
+                    p[1], p[0], p[2], p[3], mapping, *flags, t
+                ),
                 args.repeats,
-                on_gpu,
             )
             for name, p in passes.items()
         }

@@ -42,14 +42,17 @@ def checkpoint_shapes(model: Path) -> dict[str, tuple[int, ...]]:
 
 
 def timed(fn: Callable[[int], None], repeats: int) -> float:
-    """Median seconds of fn(i), synchronized, after one untimed call."""
+    """Median seconds of fn(i), synchronized with the GPU where there is one, after one
+    untimed call (bench/gpu/member_noise_kernel.py runs on a CPU too, in Triton's
+    interpreter)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
     fn(-1)
-    torch.cuda.synchronize()
+    sync()
     seconds = []
     for i in range(repeats):
         start = time.perf_counter()
         fn(i)
-        torch.cuda.synchronize()
+        sync()
         seconds.append(time.perf_counter() - start)
     return statistics.median(seconds)
 
