@@ -10,7 +10,7 @@ checked against the torch path (member_noise.add_noise_products) on the widest l
 each layer's launch is timed (median over --repeats after a warm-up, synchronized). Printed
 per setting: microseconds a layer, the whole model's noise products of one pass (all
 layers), and the noise read per second (each member's block once, a pair's once) against
-what a copy of 1 GiB reads per second on the card.
+the bytes a copy of 1 GiB moves per second on the card (read and written).
 
     python3 bench/gpu/member_noise_kernel.py MODEL_DIR [--population 32] [--tokens 8]
         [--antithetic] [--tiles 64,64,4,3 128,128,8,3 ...] [--json FILE]
@@ -48,7 +48,7 @@ FUSED = {
 """vLLM's linear layers of a decoder layer and the checkpoint's modules each one holds."""
 
 COPY_BYTES = 2**30
-"""The copy that gives the card's read rate: 1 GiB (a pass's noise may not fit twice)."""
+"""The copy that gives the card's memory rate: 1 GiB (a pass's noise may not fit twice)."""
 
 DEFAULT_TILES = [
     f"{n},{k},{w},{s}" for n in (64, 128) for k in (64, 128, 256) for w in (4, 8) for s in (3, 4)
@@ -75,10 +75,11 @@ def parse_tiles(text: str) -> dict[str, int]:
 
 
 def copy_rate(size: int, dtype: torch.dtype, device: str) -> float:
-    """TB/s that a copy of `size` bytes reads."""
+    """TB/s that a copy of `size` bytes moves (what it reads and what it writes: the card's
+    memory traffic, which the kernel's is almost all reads)."""
     source = torch.empty(size // dtype.itemsize, dtype=dtype, device=device)
     target = torch.empty_like(source)
-    return size / timed(lambda _: target.copy_(source), 5) / 1e12
+    return 2 * size / timed(lambda _: target.copy_(source), 5) / 1e12
 
 
 def main() -> None:
@@ -105,7 +106,8 @@ def main() -> None:
     scales = [0.001 * (-1) ** m if args.antithetic else 0.001 for m in range(args.population)]
     indices = torch.tensor([m for m in range(args.population) for _ in range(args.tokens)])
     meta = token_mapping(indices, device, slots=args.population)
-    mapping = [meta[k] for k in ("sorted_tokens", "tokens_per_lora", "token_start", "lora_ids")]
+    keys = ("token_slots", "sorted_tokens", "tokens_per_lora", "token_start", "lora_ids")
+    mapping = [meta[k] for k in keys]
     flags = meta["no_lora_flag_cpu"], meta["num_active_loras"]
     passes = {}
     for name, (out, inputs) in shapes.items():
@@ -119,7 +121,7 @@ def main() -> None:
     print(
         f"{args.model.name}: {layers} layers {shapes}, population {args.population} x "
         f"{args.tokens} tokens{', antithetic' if args.antithetic else ''}; one pass reads "
-        f"{noise_bytes / 1e9:.2f} GB of noise; a copy reads {copy_tb_per_s:.2f} TB/s"
+        f"{noise_bytes / 1e9:.2f} GB of noise; a copy moves {copy_tb_per_s:.2f} TB/s"
     )
     widest = max(shapes, key=lambda n: shapes[n][0] * shapes[n][1])
     results = {
@@ -135,11 +137,12 @@ def main() -> None:
         "tiles": [],
     }
     x, y, headers, out = passes[widest]
+    before = y.clone()  # the timed launches below add to y
     expected = y.clone()
     member_noise.add_noise_products(indices.to(device), expected, x, headers, out)
     for text in args.tiles:
         tiles = parse_tiles(text)
-        got = y.clone()
+        got = before.clone()
         try:
             cuda_noise.launch(got, x, headers, out, mapping, *flags, tiles)
         except OutOfResources as error:  # tiles whose pipeline stages outgrow shared memory

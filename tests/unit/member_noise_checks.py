@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.backends.vllm.cuda.member_noise import _tile_slot
+from engine.backends.vllm.cuda.member_noise import _tile_run
 
 OUT, IN = 80, 128
 """A layer whose output is not a multiple of the kernel's 64 columns (masked edges run), and
@@ -41,7 +41,7 @@ def token_mapping(
     indices: torch.Tensor, device: str, slots: int = SLOTS
 ) -> dict[str, torch.Tensor]:
     """vLLM's LoRAKernelMeta for per-token slot `indices` (-1: no member), as
-    prepare_tensors builds it: tokens sorted by slot, the slots present (sorted, -1 first),
+    prepare_tensors builds it: each token's slot, tokens sorted by slot, the slots present (sorted, -1 first),
     their token counts and starts, padded to `slots` + 1 entries, and its two CPU flags
     (bench/gpu/member_noise_kernel.py builds its passes with it too)."""
     order = torch.sort(indices, stable=True).indices
@@ -53,6 +53,7 @@ def token_mapping(
     per_lora[: counts.numel()] = counts.int()
     starts[1 : 1 + counts.numel()] = torch.cumsum(counts, 0).int()
     return {
+        "token_slots": indices.int().to(device),
         "sorted_tokens": order.int().to(device),
         "tokens_per_lora": per_lora.to(device),
         "token_start": starts.to(device),
@@ -141,11 +142,12 @@ def check(device: str, dtype: torch.dtype) -> dict[str, float]:
 
 
 PAIR_OFFSETS = [0, 0, 3_333, 3_333, 3_333, 501]
-"""Members of one noise block: slots 0 and 1 (an antithetic pair), and 2, 3 and 4."""
+"""Members of one noise block: slots 0 and 1 (an antithetic pair), and 2, 3 and 4 (one run
+of three, as members of one seed side by side would be)."""
 PAIR_SCALES = [0.5, -0.5, 0.25, 0.0, 1.0, -1.0]  # slot 3: scale 0 adds nothing
 PAIR_PASSES = {
-    # a pair with different counts (its tiles cover the longer), and three of one block side
-    # by side: slots 2 and 3 (whose second adds nothing) a pair, slot 4 alone
+    # a pair with different counts (a tile holds tokens of both), and three of one block
+    # side by side (the second adds nothing) in one run
     "both": {0: 5, 1: 21, 2: 7, 3: 7, 4: 9, -1: 4},
     # no two neighbours of one block
     "alone": {0: 3, 3: 8, 5: 8},
@@ -153,28 +155,28 @@ PAIR_PASSES = {
     "shifted": {3: 5, 4: 20},
 }
 PAIR_TILES = {
-    "both": [(1, 0, 1), (1, 16, 1), (3, 0, 1), (5, 0, 0)],
-    "alone": [(0, 0, 0), (1, 0, 0), (2, 0, 0)],
-    "shifted": [(0, 0, 1), (0, 16, 1)],
+    "both": [(1, 0, 26), (1, 16, 26), (3, 0, 23), (3, 16, 23)],
+    "alone": [(0, 0, 3), (1, 0, 8), (2, 0, 8)],
+    "shifted": [(0, 0, 25), (0, 16, 25)],
 }
-"""(group, first row, paired) of each tile at 16 tokens a block; groups are listed by slot,
--1 first: "both" has groups -1, 0, 1, 2, 3, 4."""
+"""(first group of the run, first row, the run's tokens) of each tile at 16 tokens a block;
+groups are listed by slot, -1 first: "both" has groups -1, 0, 1, 2, 3, 4."""
 
 
 @triton.jit
 def _tiles_kernel(out, lora_ids, tokens_per_lora, groups, words, header_words, BLOCK: tl.constexpr):
-    """(group, row, paired) of tile program_id(0), as the member-noise kernel maps it."""
+    """(group, row, rows) of tile program_id(0), as the member-noise kernel maps it."""
     t = tl.program_id(0)
-    g, row, paired = _tile_slot(t, lora_ids, tokens_per_lora, groups, words, header_words, BLOCK)
+    g, row, rows = _tile_run(t, lora_ids, tokens_per_lora, groups, words, header_words, BLOCK)
     tl.store(out + 3 * t, g)
     tl.store(out + 3 * t + 1, row)
-    tl.store(out + 3 * t + 2, paired)
+    tl.store(out + 3 * t + 2, rows)
 
 
 def check_pairs(device: str, dtype: torch.dtype) -> dict[str, float]:
-    """Antithetic pairs, which the kernel computes from one read of their block: its largest
-    error against float64 in each pass, whether tokens without a member or of scale 0
-    changed, and whether its tiles are PAIR_TILES (1.0) ."""
+    """Antithetic pairs and a run of three, whose tokens share tiles and one read of their
+    block: the kernel's largest error against float64 in each pass, whether tokens without
+    a member or of scale 0 changed, and whether its tiles are PAIR_TILES (1.0)."""
     from engine.backends.vllm import member_noise
     from engine.backends.vllm.cuda import member_noise as cuda_noise
 
@@ -213,12 +215,11 @@ class _KernelMeta:
     """vLLM's LoRAKernelMeta as far as the hook reads it (meta_args)."""
 
     def __init__(self, indices: torch.Tensor, device: str) -> None:
-        self.mapping = indices.int().to(device)
         self.args = tuple(token_mapping(indices, device).values())
 
     def meta_args(self, tokens: int, specialize_active_lora: bool) -> tuple[torch.Tensor, ...]:
-        sorted_tokens, *rest = self.args
-        return (self.mapping[:tokens], sorted_tokens[:tokens], *rest)
+        token_slots, sorted_tokens, *rest = self.args
+        return (token_slots[:tokens], sorted_tokens[:tokens], *rest)
 
 
 def check_traced(device: str, dtype: torch.dtype) -> dict[str, float]:

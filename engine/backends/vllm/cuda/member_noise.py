@@ -3,14 +3,14 @@ engine/backends/vllm/member_noise.py): one Triton kernel a linear layer, inside 
 CUDA graphs.
 
 For every token t of member m (its LoRA slot): y[t] += s_m * x[t] @ eps_m^T, eps_m the
-member's [N, K] block of the noise table. The grid is the batch's blocks of one slot's
-tokens (vLLM's LoRAKernelMeta sorts the tokens by slot; the tile -> block mapping is
-`_tile_slot`'s) times blocks of output columns. A program reads its member's noise tile once
-for all of its tokens, so the noise is read once per BLOCK_M tokens of a member: 8 decode
-tokens a member take one read a step, and a prefill of hundreds of tokens a member takes
-larger token blocks (`block_m`). An antithetic pair (one seed, scales +s and -s) in slots next
-to each other reads its block once for both members' tokens (`_tile_slot`): half the noise
-read of a population in pairs. Each output element is written by one program, in one
+member's [N, K] block of the noise table. vLLM's LoRAKernelMeta sorts the tokens by slot, so
+the tokens of members in neighbouring slots are contiguous; members of one noise block side by
+side (an antithetic pair: one seed, scales +s and -s, which the engine places in neighbouring
+slots) are one run, and the grid is the blocks of BLOCK_M tokens of each run (`_tile_run`)
+times blocks of output columns. A program reads its run's noise tile once for all of its
+tokens, each token taking its own member's scale: 8 decode tokens a member take one read a
+step, a pair's 16 one read for both, and a prefill of hundreds of tokens a member takes
+larger token blocks (`block_m`). Each output element is written by one program, in one
 rounding (y's value in fp32 plus the product, rounded to nearest even), so the result does
 not depend on the launch order: a seed gives the same bits every run.
 
@@ -21,8 +21,9 @@ slot without a member there, or a layer the run does not perturb) skips the prod
 
 bench/gpu/shared_reads.py and bench/gpu/shared_noise_engine.py measured the same product
 (`_noise_product` there) with members in fixed rows; the tiles (64 output rows by 64 of K)
-are the ones found fastest there. bench/gpu/member_noise_kernel.py times this kernel on a
-model's layers for other tiles (`launch`).
+were the ones found fastest there; bench/gpu/member_noise_kernel.py times this kernel on a
+model's layers for other tiles (`launch`), and BLOCK_N is the one it found fastest on an H100
+(bench/gpu/results/member-noise-kernel/).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_N = 64
+BLOCK_N = 128
 """Output columns a program computes (rows of the noise block)."""
 BLOCK_K = 64
 """The input width walked a load at a time."""
@@ -61,45 +62,33 @@ def _same_block_as_next(g, lora_ids, groups, words, header_words):
 
 
 @triton.jit
-def _tile_slot(t, lora_ids, tokens_per_lora, groups, words, header_words, BLOCK: tl.constexpr):
-    """(group, first row of the block in the group's sorted tokens, whether the tile also
-    takes the same rows of group + 1, its pair) of tile t; group -1 when t is past the last
-    group's last block. Groups are vLLM's active adapter entries, listed by slot; one of slot
-    -1 (tokens without a member) takes no blocks, nor does the second member of a pair. Pairs
-    are found left to right, so no group is in two (three members of one block: a pair and
-    one alone), and every program finds the same ones."""
+def _tile_run(t, lora_ids, tokens_per_lora, groups, words, header_words, BLOCK: tl.constexpr):
+    """(first group of the run, first row of the tile in the run's sorted tokens, the run's
+    token count) of tile t; group -1 when t is past the last run's last block. Groups are
+    vLLM's active adapter entries, listed by slot; a run is one group, or neighbouring groups
+    whose members share a noise block (their tokens follow each other in vLLM's sorted order),
+    and the group of slot -1 (tokens without a member) is in none. Every program finds the
+    same runs."""
     first = 0
     found = -1
     row = 0
-    paired = 0
-    second = 0  # whether group g is the second of a pair (group g - 1 takes its tiles)
+    rows = 0
+    run_group = 0
+    run_tokens = 0
+    joined = 0  # whether group g continues the run of group g - 1
     for g in range(groups):
         n = tl.load(tokens_per_lora + g)
-        pair = (_same_block_as_next(g, lora_ids, groups, words, header_words) & (second == 0)).to(
-            tl.int32
-        )
-        n = tl.maximum(n, tl.load(tokens_per_lora + g + 1, mask=pair != 0, other=0))
-        live = (tl.load(lora_ids + g) >= 0) & (second == 0)
-        blocks = tl.where(live, (n + BLOCK - 1) // BLOCK, 0)
-        hit = (t >= first) & (t < first + blocks) & (found < 0)
-        found = tl.where(hit, g, found)
+        run_group = tl.where(joined != 0, run_group, g)
+        run_tokens = tl.where(joined != 0, run_tokens + n, n)
+        joined = _same_block_as_next(g, lora_ids, groups, words, header_words).to(tl.int32)
+        ends = (tl.load(lora_ids + g) >= 0) & (joined == 0)
+        blocks = tl.where(ends, (run_tokens + BLOCK - 1) // BLOCK, 0)
+        hit = (t >= first) & (t < first + blocks)
+        found = tl.where(hit, run_group, found)
         row = tl.where(hit, (t - first) * BLOCK, row)
-        paired = tl.where(hit, pair, paired)
+        rows = tl.where(hit, run_tokens, rows)
         first += blocks
-        second = pair
-    return found, row, paired
-
-
-@triton.jit
-def _member_tokens(
-    g, present, row, sorted_tokens, tokens_per_lora, token_start, BLOCK_M: tl.constexpr
-):
-    """(token indices, which of them exist) of rows row.. of group g's sorted tokens; none
-    unless `present` (g may then be past the last group)."""
-    block = row + tl.arange(0, BLOCK_M)
-    live = block < tl.load(tokens_per_lora + g, mask=present, other=0)
-    tokens = tl.load(sorted_tokens + tl.load(token_start + g) + block, mask=live, other=0)
-    return tokens, live
+    return found, row, rows
 
 
 @triton.jit
@@ -114,54 +103,51 @@ def _inputs(x, x_stride, tokens, live, ks, K):
 
 
 @triton.jit
-def _add_product(y, y_stride, tokens, live, columns, N, scale, acc):
-    """y[tokens, columns] += scale * acc, in one rounding of y's fp32 value plus the product."""
+def _add_product(y, y_stride, tokens, live, columns, N, scales, acc):
+    """y[tokens, columns] += scales * acc (a scale a token), in one rounding of y's fp32 value
+    plus the product."""
     out = y + tokens[None, :] * y_stride + columns[:, None]
     mask = live[None, :] & (columns[:, None] < N)
     before = tl.load(out, mask=mask, other=0.0).to(tl.float32)
-    total = before + scale * acc
+    total = before + scales[None, :] * acc
     tl.store(out, total.to(y.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
 
 
 @triton.jit
 def member_noise_kernel(
-    x, y, words, floats, sorted_tokens, tokens_per_lora, token_start, lora_ids, groups,
-    N, K, x_stride, y_stride, header_words, header_floats,
+    x, y, words, floats, token_slots, sorted_tokens, tokens_per_lora, token_start, lora_ids,
+    groups, N, K, x_stride, y_stride, header_words, header_floats,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """y[tokens of the tile's member, columns] += s * eps[columns, :] @ x[tokens]^T; a tile
-    of an antithetic pair does the same for the pair's second member's tokens (its own
-    scale), with each noise tile loaded once for both.
+    """y[tokens of the tile, columns] += s * eps[columns, :] @ x[tokens]^T, s each token's
+    member's scale and eps the tile's run's noise block.
 
     A member's block starts at any entry of the table, so the noise is read from the
     ALIGN-aligned entry at or before it, `shift` entries early: in whole 16-byte vectors,
     which Triton then streams asynchronously (unaligned, it loaded 2 bytes at a time, and the
     1.07B model's noise was read at about 1 TB/s of an H100's 3.35: docs/gpu.md). Loaded
     column j holds the noise of input j - shift, so the inputs are read shifted instead; the
-    window's extra columns meet zero inputs."""
-    g, row, paired = _tile_slot(
+    window's extra columns meet zero inputs. A pair's members share one input tile (one
+    gather and one product a K step, the tile's columns theirs): read as two tiles, the pair
+    kernel ran 1.4x slower per byte than one member's."""
+    g, row, rows = _tile_run(
         tl.program_id(0), lora_ids, tokens_per_lora, groups, words, header_words, BLOCK_M
     )
     if g >= 0:
-        slot = tl.load(lora_ids + g)
-        scale = tl.load(floats + slot * header_floats + 4)
-        # the pair's second member, group g + 1 (no tokens and scale 0 when unpaired)
-        slot_b = tl.load(lora_ids + g + 1, mask=paired != 0, other=0)
-        scale_b = tl.load(floats + slot_b * header_floats + 4, mask=paired != 0, other=0.0)
-        if (scale != 0.0) | (scale_b != 0.0):
+        block_rows = row + tl.arange(0, BLOCK_M)
+        live = block_rows < rows
+        tokens = tl.load(sorted_tokens + tl.load(token_start + g) + block_rows, mask=live, other=0)
+        slots = tl.load(token_slots + tokens, mask=live, other=0)
+        scales = tl.load(floats + slots * header_floats + 4, mask=live, other=0.0)
+        live = live & (scales != 0.0)
+        if tl.max(live.to(tl.int32), axis=0) > 0:
+            slot = tl.load(lora_ids + g)
             offset = tl.load(words + slot * header_words)
             shift = (offset % ALIGN).to(tl.int32)
             table = tl.load(words + slot * header_words + 1).to(tl.pointer_type(x.dtype.element_ty))
             block = tl.multiple_of(table, 16) + tl.multiple_of(offset - shift, ALIGN)
-            tokens, live = _member_tokens(
-                g, g >= 0, row, sorted_tokens, tokens_per_lora, token_start, BLOCK_M
-            )
-            tokens_b, live_b = _member_tokens(
-                g + 1, paired != 0, row, sorted_tokens, tokens_per_lora, token_start, BLOCK_M
-            )
             columns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            acc_b = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             for j0 in range(0, K + shift, BLOCK_K):
                 js = j0 + tl.arange(0, BLOCK_K)
                 eps = tl.load(
@@ -169,14 +155,8 @@ def member_noise_kernel(
                     mask=(columns[:, None] < N) & (js[None, :] < K + ALIGN),
                     other=0.0,
                 )
-                ks = js - shift
-                acc = tl.dot(eps, _inputs(x, x_stride, tokens, live, ks, K), acc)
-                if paired != 0:
-                    acc_b = tl.dot(eps, _inputs(x, x_stride, tokens_b, live_b, ks, K), acc_b)
-            if scale != 0.0:
-                _add_product(y, y_stride, tokens, live, columns, N, scale, acc)
-            if (paired != 0) & (scale_b != 0.0):
-                _add_product(y, y_stride, tokens_b, live_b, columns, N, scale_b, acc_b)
+                acc = tl.dot(eps, _inputs(x, x_stride, tokens, live, js - shift, K), acc)
+            _add_product(y, y_stride, tokens, live, columns, N, scales, acc)
 
 
 def block_m(tokens: int, groups: int) -> int:
@@ -189,6 +169,7 @@ def member_noise(
     x: torch.Tensor,
     headers: torch.Tensor,
     out_features: int,
+    token_slots: torch.Tensor,
     sorted_tokens: torch.Tensor,
     tokens_per_lora: torch.Tensor,
     token_start: torch.Tensor,
@@ -198,9 +179,10 @@ def member_noise(
 ) -> None:
     """The kernel's launch, and the body of the op vLLM's graphs capture: x [M, K], y [M, >=
     out_features] (rows contiguous), `headers` a layer's lora_a_stacked[0]; the rest is
-    vLLM's token mapping (LoRAKernelMeta.meta_args), its two flags CPU tensors as in vLLM's
-    LoRA ops (no wait on the GPU): no token has a member, and the groups holding tokens."""
-    mapping = sorted_tokens, tokens_per_lora, token_start, lora_ids
+    vLLM's token mapping (LoRAKernelMeta.meta_args: each token's slot first), its two flags
+    CPU tensors as in vLLM's LoRA ops (no wait on the GPU): no token has a member, and the
+    groups holding tokens."""
+    mapping = token_slots, sorted_tokens, tokens_per_lora, token_start, lora_ids
     launch(y, x, headers, out_features, mapping, no_lora_flag_cpu, num_active_loras, {})
 
 
@@ -214,8 +196,8 @@ def launch(
     num_active_loras: torch.Tensor,
     tiles: Mapping[str, int],
 ) -> None:
-    """member_noise, vLLM's token mapping tensors in `mapping` (sorted tokens, tokens a
-    group, group starts, group slots), with `tiles` overriding the launch's BLOCK_N, BLOCK_K,
+    """member_noise, vLLM's token mapping tensors in `mapping` (token slots, sorted tokens,
+    tokens a group, group starts, group slots), with `tiles` overriding the launch's BLOCK_N, BLOCK_K,
     num_warps and num_stages: the kernel bench's search (bench/gpu/member_noise_kernel.py).
     The op keeps member_noise's signature, from which torch infers its schema."""
     from engine.backends.vllm.member_noise import header_views
@@ -225,7 +207,7 @@ def launch(
     groups = int(num_active_loras.item())
     m, k = x.shape
     words, floats = header_views(headers)
-    lora_ids = mapping[3]
+    lora_ids = mapping[4]
     tile = block_m(m, groups)
     options = {"BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, **tiles}
     grid = (triton.cdiv(m, tile) + groups, triton.cdiv(out_features, options["BLOCK_N"]))
@@ -264,11 +246,9 @@ def add_noise_products(
     meta = wrapper.token_mapping_meta.meta_args(
         x.size(0), wrapper.lora_config.specialize_active_lora
     )
-    _, sorted_tokens, tokens_per_lora, token_start, lora_ids, no_lora, active = meta
     torch.ops.vllm.eslab_member_noise_linear(
-        y.view(-1, y.shape[-1]), x, headers, int(out_features), sorted_tokens,
-        tokens_per_lora, token_start, lora_ids, no_lora, active,
-    )  # fmt: skip
+        y.view(-1, y.shape[-1]), x, headers, int(out_features), *meta
+    )
 
 
 def _member_noise_fake(*args: Any) -> None:
