@@ -41,9 +41,9 @@ def token_mapping(
     indices: torch.Tensor, device: str, slots: int = SLOTS
 ) -> dict[str, torch.Tensor]:
     """vLLM's LoRAKernelMeta for per-token slot `indices` (-1: no member), as
-    prepare_tensors builds it: each token's slot, tokens sorted by slot, the slots present (sorted, -1 first),
-    their token counts and starts, padded to `slots` + 1 entries, and its two CPU flags
-    (bench/gpu/member_noise_kernel.py builds its passes with it too)."""
+    prepare_tensors builds it: each token's slot, tokens sorted by slot, the slots present
+    (sorted, -1 first), their token counts and starts, padded to `slots` + 1 entries, and its
+    two CPU flags (bench/gpu/member_noise_kernel.py builds its passes with it too)."""
     order = torch.sort(indices, stable=True).indices
     ids, counts = torch.unique(indices, sorted=True, return_counts=True)
     lora_ids = torch.full((slots + 1,), -1, dtype=torch.int32)

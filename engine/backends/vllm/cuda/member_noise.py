@@ -197,8 +197,9 @@ def launch(
     tiles: Mapping[str, int],
 ) -> None:
     """member_noise, vLLM's token mapping tensors in `mapping` (token slots, sorted tokens,
-    tokens a group, group starts, group slots), with `tiles` overriding the launch's BLOCK_N, BLOCK_K,
-    num_warps and num_stages: the kernel bench's search (bench/gpu/member_noise_kernel.py).
+    tokens a group, group starts, group slots), with `tiles` overriding the launch's BLOCK_N,
+    BLOCK_K, num_warps and num_stages: the kernel bench's search
+    (bench/gpu/member_noise_kernel.py).
     The op keeps member_noise's signature, from which torch infers its schema."""
     from engine.backends.vllm.member_noise import header_views
 
