@@ -127,9 +127,8 @@ def member_noise_kernel(
     which Triton then streams asynchronously (unaligned, it loaded 2 bytes at a time, and the
     1.07B model's noise was read at about 1 TB/s of an H100's 3.35: docs/gpu.md). Loaded
     column j holds the noise of input j - shift, so the inputs are read shifted instead; the
-    window's extra columns meet zero inputs. A pair's members share one input tile (one
-    gather and one product a K step, the tile's columns theirs): read as two tiles, the pair
-    kernel ran 1.4x slower per byte than one member's."""
+    window's extra columns meet zero inputs. A pair's members share one input tile: one
+    gather and one product a K step, the tile's columns theirs."""
     g, row, rows = _tile_run(
         tl.program_id(0), lora_ids, tokens_per_lora, groups, words, header_words, BLOCK_M
     )
