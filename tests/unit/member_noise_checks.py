@@ -164,10 +164,15 @@ groups are listed by slot, -1 first: "both" has groups -1, 0, 1, 2, 3, 4."""
 
 
 @triton.jit
-def _tiles_kernel(out, lora_ids, tokens_per_lora, groups, words, header_words, BLOCK: tl.constexpr):
+def _tiles_kernel(
+    out, lora_ids, tokens_per_lora, groups, words, header_words,
+    BLOCK: tl.constexpr, GROUPS: tl.constexpr,
+):  # fmt: skip
     """(group, row, rows) of tile program_id(0), as the member-noise kernel maps it."""
     t = tl.program_id(0)
-    g, row, rows = _tile_run(t, lora_ids, tokens_per_lora, groups, words, header_words, BLOCK)
+    g, row, rows = _tile_run(
+        t, lora_ids, tokens_per_lora, groups, words, header_words, BLOCK, GROUPS
+    )
     tl.store(out + 3 * t, g)
     tl.store(out + 3 * t + 1, row)
     tl.store(out + 3 * t + 2, rows)
@@ -204,7 +209,7 @@ def check_pairs(device: str, dtype: torch.dtype) -> dict[str, float]:
         groups = meta["lora_ids"].numel()
         _tiles_kernel[(8,)](
             tiles, meta["lora_ids"], meta["tokens_per_lora"], groups, words, words.stride(0),
-            BLOCK=16,
+            BLOCK=16, GROUPS=triton.next_power_of_2(groups),
         )  # fmt: skip
         mapped = [tuple(row) for row in tiles.cpu().tolist() if row[0] >= 0]
         outcome[f"pairs_{name}_tiles_as_expected"] = float(mapped == PAIR_TILES[name])

@@ -49,45 +49,53 @@ entries past a block, so the worker's table is followed by engine.noise.TABLE_SL
 
 
 @triton.jit
-def _same_block_as_next(g, lora_ids, groups, words, header_words):
-    """Whether group g and group g + 1 are members whose headers name the same noise block
-    (an antithetic pair: one seed, scales +s and -s, in slots that vLLM lists side by side)."""
-    slot = tl.load(lora_ids + g)
-    inside = g + 1 < groups
-    nxt = tl.load(lora_ids + g + 1, mask=inside, other=-1)
-    both = inside & (slot >= 0) & (nxt >= 0)
-    mine = tl.load(words + slot * header_words, mask=both, other=0)
-    theirs = tl.load(words + nxt * header_words, mask=both, other=1)
-    return both & (mine == theirs)
+def _latest(a, b):
+    """The scan of `_tile_run`: the later of two indices (or of two nondecreasing sums)."""
+    return tl.maximum(a, b)
 
 
 @triton.jit
-def _tile_run(t, lora_ids, tokens_per_lora, groups, words, header_words, BLOCK: tl.constexpr):
+def _neighbour_words(lora_ids, groups, words, header_words, g):
+    """(slot of group g, first word of its header: the member's noise offset) for a vector of
+    group indices, slot -1 outside 0..groups-1."""
+    slot = tl.load(lora_ids + g, mask=(g >= 0) & (g < groups), other=-1)
+    return slot, tl.load(words + slot * header_words, mask=slot >= 0, other=0)
+
+
+@triton.jit
+def _tile_run(
+    t, lora_ids, tokens_per_lora, groups, words, header_words,
+    BLOCK: tl.constexpr, GROUPS: tl.constexpr,
+):  # fmt: skip
     """(first group of the run, first row of the tile in the run's sorted tokens, the run's
     token count) of tile t; group -1 when t is past the last run's last block. Groups are
     vLLM's active adapter entries, listed by slot; a run is one group, or neighbouring groups
     whose members share a noise block (their tokens follow each other in vLLM's sorted order),
     and the group of slot -1 (tokens without a member) is in none. Every program finds the
-    same runs."""
-    first = 0
-    found = -1
-    row = 0
-    rows = 0
-    run_group = 0
-    run_tokens = 0
-    joined = 0  # whether group g continues the run of group g - 1
-    for g in range(groups):
-        n = tl.load(tokens_per_lora + g)
-        run_group = tl.where(joined != 0, run_group, g)
-        run_tokens = tl.where(joined != 0, run_tokens + n, n)
-        joined = _same_block_as_next(g, lora_ids, groups, words, header_words).to(tl.int32)
-        ends = (tl.load(lora_ids + g) >= 0) & (joined == 0)
-        blocks = tl.where(ends, (run_tokens + BLOCK - 1) // BLOCK, 0)
-        hit = (t >= first) & (t < first + blocks)
-        found = tl.where(hit, run_group, found)
-        row = tl.where(hit, (t - first) * BLOCK, row)
-        rows = tl.where(hit, run_tokens, rows)
-        first += blocks
+    same runs.
+
+    All groups at once, GROUPS (a power of two, at least `groups`) wide: their headers in one
+    gather and the runs from scans in registers. A walk over the groups one at a time waited
+    on two loads a group before its program read any noise: 33 groups' worth of memory
+    latency at the head of every program."""
+    g = tl.arange(0, GROUPS)
+    slot, word = _neighbour_words(lora_ids, groups, words, header_words, g)
+    before, word_before = _neighbour_words(lora_ids, groups, words, header_words, g - 1)
+    after, word_after = _neighbour_words(lora_ids, groups, words, header_words, g + 1)
+    live = slot >= 0
+    starts = live & ((before < 0) | (word_before != word))
+    ends = live & ((after < 0) | (word_after != word))
+    n = tl.load(tokens_per_lora + g, mask=live, other=0)
+    through = tl.cumsum(n, 0)
+    # the run of group g began at the latest start at or before g; sums before it grow with g
+    first_group = tl.associative_scan(tl.where(starts, g, -1), 0, _latest)
+    run_tokens = through - tl.associative_scan(tl.where(starts, through - n, -1), 0, _latest)
+    blocks = tl.where(ends, (run_tokens + BLOCK - 1) // BLOCK, 0)
+    first = tl.cumsum(blocks, 0) - blocks
+    hit = (t >= first) & (t < first + blocks)
+    found = tl.max(tl.where(hit, first_group, -1), 0)
+    row = tl.sum(tl.where(hit, (t - first) * BLOCK, 0), 0)
+    rows = tl.sum(tl.where(hit, run_tokens, 0), 0)
     return found, row, rows
 
 
@@ -117,7 +125,7 @@ def _add_product(y, y_stride, tokens, live, columns, N, scales, acc):
 def member_noise_kernel(
     x, y, words, floats, token_slots, sorted_tokens, tokens_per_lora, token_start, lora_ids,
     groups, N, K, x_stride, y_stride, header_words, header_floats,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS: tl.constexpr,
 ):  # fmt: skip
     """y[tokens of the tile, columns] += s * eps[columns, :] @ x[tokens]^T, s each token's
     member's scale and eps the tile's run's noise block.
@@ -130,7 +138,7 @@ def member_noise_kernel(
     window's extra columns meet zero inputs. A pair's members share one input tile: one
     gather and one product a K step, the tile's columns theirs."""
     g, row, rows = _tile_run(
-        tl.program_id(0), lora_ids, tokens_per_lora, groups, words, header_words, BLOCK_M
+        tl.program_id(0), lora_ids, tokens_per_lora, groups, words, header_words, BLOCK_M, GROUPS
     )
     if g >= 0:
         block_rows = row + tl.arange(0, BLOCK_M)
@@ -198,8 +206,8 @@ def launch(
     """member_noise, vLLM's token mapping tensors in `mapping` (token slots, sorted tokens,
     tokens a group, group starts, group slots), with `tiles` overriding the launch's BLOCK_N,
     BLOCK_K, num_warps and num_stages: the kernel bench's search
-    (bench/gpu/member_noise_kernel.py).
-    The op keeps member_noise's signature, from which torch infers its schema."""
+    (bench/gpu/member_noise_kernel.py). The op keeps member_noise's signature, from which
+    torch infers its schema."""
     from engine.backends.vllm.member_noise import header_views
 
     if bool(no_lora_flag_cpu.item()):
@@ -213,7 +221,8 @@ def launch(
     grid = (triton.cdiv(m, tile) + groups, triton.cdiv(out_features, options["BLOCK_N"]))
     member_noise_kernel[grid](
         x, y, words, floats, *mapping, lora_ids.numel(), out_features, k, x.stride(0),
-        y.stride(0), words.stride(0), floats.stride(0), BLOCK_M=tile, **options,
+        y.stride(0), words.stride(0), floats.stride(0), BLOCK_M=tile,
+        GROUPS=triton.next_power_of_2(lora_ids.numel()), **options,
     )  # fmt: skip
 
 
