@@ -8,9 +8,10 @@ pass is a decode step of `population` members with `tokens` tokens each (8 promp
 8), antithetic pairs in neighbouring slots with --antithetic. Each tile setting is first
 checked against the torch path (member_noise.add_noise_products) on the widest layer, then
 each layer's launch is timed (median over --repeats after a warm-up, synchronized). Printed
-per setting: microseconds a layer, the whole model's noise products of one pass (all
-layers), and the noise read per second (each member's block once, a pair's once) against
-the bytes a copy of 1 GiB moves per second on the card (read and written).
+per setting: microseconds a layer (and the rate it reads its noise at: the small layers
+have few programs), the whole model's noise products of one pass (all layers), and the
+noise read per second (each member's block once, a pair's once) against the bytes a copy of
+1 GiB moves per second on the card (read and written).
 
     python3 bench/gpu/member_noise_kernel.py MODEL_DIR [--population 32] [--tokens 8]
         [--antithetic] [--tiles 64,64,4,3 128,128,8,3 ...] [--json FILE]
@@ -66,6 +67,8 @@ def layer_shapes(model: Path) -> tuple[dict[str, tuple[int, int]], int]:
         ]
         if len(found) == len(modules):
             fused[name] = (sum(s[0] for s in found), found[0][1])
+    if not fused:
+        raise SystemExit(f"{model}: no decoder layer's linear weights in its *.safetensors")
     return fused, len(layers)
 
 
@@ -161,17 +164,24 @@ def main() -> None:
             for name, p in passes.items()
         }
         pass_ms = layers * sum(layer_us.values()) / 1e3
+        layer_tb_per_s = {
+            name: blocks * rows * cols * table.element_size() / (layer_us[name] / 1e6) / 1e12
+            for name, (rows, cols) in shapes.items()
+        }
         row = {
             "tiles": text,
             "error": error,
             "layer_us": layer_us,
+            "layer_tb_per_s": layer_tb_per_s,
             "pass_ms": pass_ms,
             "noise_tb_per_s": noise_bytes / (pass_ms / 1e3) / 1e12,
         }
         results["tiles"].append(row)
         print(
             f"tiles {text}: error {error:.1e}; "
-            + ", ".join(f"{n} {us:.0f} us" for n, us in layer_us.items())
+            + ", ".join(
+                f"{n} {us:.0f} us ({layer_tb_per_s[n]:.2f} TB/s)" for n, us in layer_us.items()
+            )
             + f"; a pass {pass_ms:.2f} ms, noise read at {row['noise_tb_per_s']:.2f} TB/s "
             + f"({row['noise_tb_per_s'] / copy_tb_per_s:.0%} of the copy's)"
         )
