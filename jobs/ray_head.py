@@ -43,8 +43,20 @@ RAY_DASHBOARD_PORT = 8265
 """Ray's own default, for a local head: taken when free, else any free port."""
 
 
+HEAD_START_ATTEMPTS = 2
+RAY_NODE_START_TIMED_OUT = "timed out during startup"
+"""What `ray start` prints when the head's raylet did not register with its GCS within the
+30 s that Ray allows (fixed in ray._private.node). On a machine whose cores are all busy (two
+vLLM engines starting beside it on two cores) a head once missed it and exited; such a start
+is tried again, up to HEAD_START_ATTEMPTS in all."""
+
+
 class ServiceError(Exception):
     """Something `eslab serve` needs could not start; the message says what to do."""
+
+
+class HeadStartTimedOut(ServiceError):
+    """Ray gave up on the head's own start (RAY_NODE_START_TIMED_OUT): worth another try."""
 
 
 class LocalHead:
@@ -77,7 +89,21 @@ class LocalHead:
         return True
 
     def start(self) -> str:
-        """Start a head and wait until its dashboard answers; its address."""
+        """Start a head and wait until its dashboard answers; its address. A start that Ray
+        itself timed out is stopped, every process of it, and made again."""
+        for attempt in range(1, HEAD_START_ATTEMPTS):
+            try:
+                return self._start_once()
+            except HeadStartTimedOut:
+                self.stop()
+                print(
+                    f"eslab serve: the Ray head timed out during its start (attempt {attempt} "
+                    f"of {HEAD_START_ATTEMPTS}); starting it again",
+                    flush=True,
+                )
+        return self._start_once()
+
+    def _start_once(self) -> str:
         temp_dir = tempfile.mkdtemp(prefix="eslab-ray-")
         self._log = open(os.path.join(temp_dir, "ray-start.log"), "w")  # noqa: SIM115 - in stop
         with _one_head_start_at_a_time():
@@ -255,9 +281,8 @@ def _wait_until_up(head: subprocess.Popen, address: str, log_path: str) -> None:
     while time.monotonic() < deadline:
         if head.poll() is not None:
             tail = Path(log_path).read_text()[-2000:]
-            raise ServiceError(
-                f"the local Ray head failed to start (exit code {head.returncode}): {tail}"
-            )
+            error = HeadStartTimedOut if RAY_NODE_START_TIMED_OUT in tail else ServiceError
+            raise error(f"the local Ray head failed to start (exit code {head.returncode}): {tail}")
         try:
             jobs = RayJobs(address)
             jobs.client  # noqa: B018 - connecting is the test

@@ -316,3 +316,60 @@ def test_two_local_heads_started_at_once_each_answer_with_their_own_cluster(monk
     assert not failures, failures
     assert seen[1][0] != seen[2][0]
     assert (seen[1][1], seen[2][1]) == (1.0, 2.0)
+
+
+def _ray_start_that(prints: str) -> list[str]:
+    """A stand-in for `ray start` that prints `prints` and exits 1, as a failed start does."""
+    return [sys.executable, "-c", f"print({prints!r}); raise SystemExit(1)"]
+
+
+def test_a_head_start_that_ray_timed_out_is_made_again_and_answers(monkeypatch, capsys):
+    """`ray start` gives its raylet 30 s to register (fixed in Ray) and exits when a machine
+    whose cores are busy takes longer, as two engines starting beside it once did: the head is
+    started again, and that one answers."""
+    from jobs import ray_head
+    from jobs.ray_jobs import RayJobs
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    real_command, commands = ray_head._head_command, []
+
+    def first_one_times_out(*args):
+        commands.append(args)
+        if len(commands) == 1:
+            return _ray_start_that(f"The current node {ray_head.RAY_NODE_START_TIMED_OUT}.")
+        return real_command(*args)
+
+    monkeypatch.setattr(ray_head, "_head_command", first_one_times_out)
+    with ray_head.ray_cluster(num_cpus=1, object_store_bytes=100 << 20) as cluster:
+        assert RayJobs(cluster.address).cluster_resources().get("CPU") == 1.0
+    assert len(commands) == 2
+    assert commands[0][0] != commands[1][0]  # each start has a temp dir of its own
+    assert "timed out during its start (attempt 1 of 2)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("prints", "starts", "error"),
+    [
+        ("The current node timed out during startup.", 2, "HeadStartTimedOut"),
+        ("some other failure", 1, "ServiceError"),
+    ],
+)
+def test_a_head_start_is_made_again_only_when_ray_timed_it_out(monkeypatch, prints, starts, error):
+    from jobs import ray_head
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    commands = []
+
+    def failing(*args):
+        commands.append(args)
+        return _ray_start_that(prints)
+
+    monkeypatch.setattr(ray_head, "_head_command", failing)
+    head = ray_head.LocalHead(1, None, token_auth=False, notes=None)
+    try:
+        with pytest.raises(ray_head.ServiceError, match=prints) as raised:
+            head.start()
+    finally:
+        head.stop()
+    assert type(raised.value).__name__ == error
+    assert len(commands) == starts
