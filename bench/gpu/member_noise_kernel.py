@@ -119,7 +119,8 @@ def main() -> None:
         x = torch.randn(len(indices), inputs, generator=generator).to(dtype).to(device)
         y = torch.zeros(len(indices), out, dtype=dtype, device=device)
         passes[name] = (x, y, headers_of(offsets, scales, table, dtype, inputs), out)
-    noise_bytes = blocks * layers * sum(o * i for o, i in shapes.values()) * table.element_size()
+    layer_bytes = {n: blocks * o * i * table.element_size() for n, (o, i) in shapes.items()}
+    noise_bytes = layers * sum(layer_bytes.values())
     copy_tb_per_s = copy_rate(min(noise_bytes, COPY_BYTES), dtype, device)
     print(
         f"{args.model.name}: {layers} layers {shapes}, population {args.population} x "
@@ -141,7 +142,7 @@ def main() -> None:
     }
     x, y, headers, out = passes[widest]
     before = y.clone()  # the timed launches below add to y
-    expected = y.clone()
+    expected = before.clone()
     member_noise.add_noise_products(indices.to(device), expected, x, headers, out)
     for text in args.tiles:
         tiles = parse_tiles(text)
@@ -164,10 +165,7 @@ def main() -> None:
             for name, p in passes.items()
         }
         pass_ms = layers * sum(layer_us.values()) / 1e3
-        layer_tb_per_s = {
-            name: blocks * rows * cols * table.element_size() / (layer_us[name] / 1e6) / 1e12
-            for name, (rows, cols) in shapes.items()
-        }
+        layer_tb_per_s = {n: layer_bytes[n] / (us / 1e6) / 1e12 for n, us in layer_us.items()}
         row = {
             "tiles": text,
             "error": error,

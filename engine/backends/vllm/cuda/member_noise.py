@@ -101,7 +101,7 @@ def _tile_run(
 
 @triton.jit
 def _inputs(x, x_stride, tokens, live, ks, K):
-    """x[tokens, ks]^T: the [BLOCK_K, BLOCK_M] input tile of a member's tokens, zero at
+    """x[tokens, ks]^T: the [BLOCK_K, BLOCK_M] input tile of a run's tokens, zero at
     inputs outside 0..K-1."""
     return tl.load(
         x + tokens[None, :] * x_stride + ks[:, None],
