@@ -3,7 +3,9 @@ the card's copy bandwidth, for a grid of launch tiles: what the kernel's tiles s
 
 No engine starts. The layers as vLLM serves them (q/k/v and gate/up fused) take their
 shapes from the model's safetensors headers; every member's noise block sits at a random
-offset of a noise table as an engine builds it (any alignment, as noise offsets are). One
+offset of a noise table as an engine builds it (as long as the engine's, twice the largest
+tensor or more; any alignment, as noise offsets are). A launch stages the inputs and then
+runs the product (cuda/member_noise.py), and both are timed. One
 pass is a decode step of `population` members with `tokens` tokens each (8 prompts a member:
 8), antithetic pairs in neighbouring slots with --antithetic. Each tile setting is first
 checked against the torch path (member_noise.add_noise_products) on the widest layer, then
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -100,7 +103,11 @@ def main() -> None:
     device, dtype = ("cuda", torch.bfloat16) if on_gpu else ("cpu", torch.float32)
     shapes, layers = layer_shapes(args.model)
     generator = torch.Generator().manual_seed(0)
-    table_len = noise.noise_table_len(max(o * i for o, i in shapes.values()), min_len=1)
+    # the engine's table: twice the largest tensor (the embedding) or more. Blocks of a table
+    # only twice the largest layer overlapped, and their reads hit the L2 cache.
+    table_len = noise.noise_table_len(
+        max(math.prod(s) for s in checkpoint_shapes(args.model).values())
+    )
     table = noise.build_noise_table(table_len + noise.TABLE_SLACK, dtype=dtype, device=device)
     table = table[:table_len]
     member_noise._tables[table.data_ptr()] = table
@@ -120,6 +127,16 @@ def main() -> None:
         y = torch.zeros(len(indices), out, dtype=dtype, device=device)
         passes[name] = (x, y, headers_of(offsets, scales, table, dtype, inputs), out)
     layer_bytes = {n: blocks * o * i * table.element_size() for n, (o, i) in shapes.items()}
+    stage_us = {}
+    for name, (x, _, headers, _) in passes.items():
+        words = member_noise.header_views(headers)[0]
+        stage_us[name] = 1e6 * timed(
+            lambda _, x=x, w=words: cuda_noise.stage_inputs(x, w, mapping[0]), args.repeats
+        )
+    print(
+        "staging the inputs (in each launch below): "
+        + ", ".join(f"{n} {us:.1f} us" for n, us in stage_us.items())
+    )
     noise_bytes = layers * sum(layer_bytes.values())
     copy_tb_per_s = copy_rate(min(noise_bytes, COPY_BYTES), dtype, device)
     print(
@@ -138,6 +155,7 @@ def main() -> None:
         "antithetic": args.antithetic,
         "noise_bytes": noise_bytes,
         "copy_tb_per_s": copy_tb_per_s,
+        "stage_us": stage_us,
         "tiles": [],
     }
     x, y, headers, out = passes[widest]

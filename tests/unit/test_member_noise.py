@@ -41,6 +41,51 @@ def test_each_token_gets_its_members_noise_product_and_no_other():
     assert got["other_lora_calls"] == 1.0  # an engine of other LoRA keeps its own path
 
 
+SM90_TYPES = {
+    "staged": "*bf16", "y": "*bf16", "words": "*i64", "floats": "*fp32", "token_slots": "*i32",
+    "sorted_tokens": "*i32", "tokens_per_lora": "*i32", "token_start": "*i32",
+    "lora_ids": "*i32",
+}  # fmt: skip
+"""member_noise_kernel's pointer arguments (the rest are i32 or constexpr)."""
+ALIGNED_16 = {*SM90_TYPES, "N", "K", "staged_stride", "y_stride"}
+"""The arguments a launch on a model's layers passes divisible by 16, on which Triton's
+launcher specializes."""
+
+
+def test_the_kernels_loop_streams_both_of_its_loads_on_an_h100():
+    """Compiled for sm_90 here (no GPU needed): the noise tile and the input tile of every K
+    step are asynchronous copies, which Triton issues stages ahead of the products. An
+    unaligned load is not one of them: the inputs read shifted in the loop were a plain load
+    that every K step waited on."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from engine.backends.vllm.cuda import member_noise as cuda_noise
+
+    kernel = cuda_noise.member_noise_kernel
+    tiles = {"BLOCK_M": 16, "BLOCK_N": cuda_noise.BLOCK_N, "BLOCK_K": cuda_noise.BLOCK_K}
+    signature = {name: SM90_TYPES.get(name, "i32") for name in kernel.arg_names}
+    source = ASTSource(
+        fn=kernel,
+        signature={**signature, **dict.fromkeys([*tiles, "GROUPS"], "constexpr")},
+        constexprs={**tiles, "GROUPS": 64},
+        attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(signature) if n in ALIGNED_16},
+    )
+    try:
+        compiled = triton.compile(
+            source, target=GPUTarget("cuda", 90, 32), options={"num_stages": 3}
+        )
+    except Exception as error:  # a Triton without its NVIDIA back end
+        pytest.skip(f"Triton cannot compile for sm_90 here: {error}")
+    code = compiled.asm["ttgir"].splitlines()
+    noise = f"tensor<{tiles['BLOCK_N']}x{tiles['BLOCK_K']}x!tt.ptr<bf16>"
+    inputs = f"tensor<{tiles['BLOCK_K']}x{tiles['BLOCK_M']}x!tt.ptr<bf16>"
+    for tile in (noise, inputs):
+        assert any("async_copy_global_to_local" in line and tile in line for line in code), tile
+        assert not any("tt.load" in line and tile in line for line in code), tile
+
+
 def test_a_header_round_trips_through_a_slot_buffer():
     from engine.backends.vllm.member_noise import HEADER, header_views
 

@@ -1,16 +1,18 @@
 """Full-rank members' noise products on CUDA (`perturbation: full_batched`,
-engine/backends/vllm/member_noise.py): one Triton kernel a linear layer, inside vLLM's
+engine/backends/vllm/member_noise.py): two Triton kernels a linear layer, inside vLLM's
 CUDA graphs.
 
 For every token t of member m (its LoRA slot): y[t] += s_m * x[t] @ eps_m^T, eps_m the
-member's [N, K] block of the noise table. vLLM's LoRAKernelMeta sorts the tokens by slot, so
-the tokens of members in neighbouring slots are contiguous; members of one noise block side by
-side (an antithetic pair: one seed, scales +s and -s, which the engine places in neighbouring
-slots) are one run, and the grid is the blocks of BLOCK_M tokens of each run (`_tile_run`)
-times blocks of output columns. A program reads its run's noise tile once for all of its
-tokens, each token taking its own member's scale: 8 decode tokens a member take one read a
-step, a pair's 16 one read for both, and a prefill of hundreds of tokens a member takes
-larger token blocks (`block_m`). Each output element is written by one program, in one
+member's [N, K] block of the noise table. The first kernel stages the inputs as the second
+multiplies them: each token's row shifted to its member's block's alignment, so that all of
+the second's loads are whole aligned vectors. vLLM's LoRAKernelMeta sorts the tokens by slot,
+so the tokens of members in neighbouring slots are contiguous; members of one noise block side
+by side (an antithetic pair: one seed, scales +s and -s, which the engine places in
+neighbouring slots) are one run, and the grid is the blocks of BLOCK_M tokens of each run
+(`_tile_run`) times blocks of output columns. A program reads its run's noise tile once for
+all of its tokens, each token taking its own member's scale: 8 decode tokens a member take
+one read a step, a pair's 16 one read for both, and a prefill of hundreds of tokens a member
+takes larger token blocks (`block_m`). Each output element is written by one program, in one
 rounding (y's value in fp32 plus the product, rounded to nearest even), so the result does
 not depend on the launch order: a seed gives the same bits every run.
 
@@ -43,6 +45,8 @@ DECODE_BLOCK_M = 16
 """Tokens a program takes while members have few tokens each (tl.dot's least)."""
 PREFILL_BLOCK_M = 64
 """Tokens a program takes when members average this many or more in the pass (prefill)."""
+STAGE_BLOCK = 1024
+"""Entries of a staged input row a program writes."""
 ALIGN = tl.constexpr(8)
 """Noise entries a vector load reads (16 bytes of bf16). The kernel reads up to ALIGN - 1
 entries past a block, so the worker's table is followed by engine.noise.TABLE_SLACK more."""
@@ -100,14 +104,20 @@ def _tile_run(
 
 
 @triton.jit
-def _inputs(x, x_stride, tokens, live, ks, K):
-    """x[tokens, ks]^T: the [BLOCK_K, BLOCK_M] input tile of a run's tokens, zero at
-    inputs outside 0..K-1."""
-    return tl.load(
-        x + tokens[None, :] * x_stride + ks[:, None],
-        mask=live[None, :] & (ks[:, None] >= 0) & (ks[:, None] < K),
-        other=0.0,
-    )
+def staged_inputs_kernel(
+    x, staged, token_slots, words, K, x_stride, staged_stride, header_words,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """staged[t, c] = x[t, c - shift_t] (zero outside x's row), shift_t the misalignment of
+    token t's member's noise block in this layer (0 for a token without a member): the
+    inputs as member_noise_kernel multiplies them with its aligned noise loads."""
+    t = tl.program_id(0)
+    columns = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    slot = tl.load(token_slots + t)
+    offset = tl.load(words + slot * header_words, mask=slot >= 0, other=0)
+    source = columns - (offset % ALIGN).to(tl.int32)
+    values = tl.load(x + t * x_stride + source, mask=(source >= 0) & (source < K), other=0.0)
+    tl.store(staged + t * staged_stride + columns, values, mask=columns < staged_stride)
 
 
 @triton.jit
@@ -123,8 +133,8 @@ def _add_product(y, y_stride, tokens, live, columns, N, scales, acc):
 
 @triton.jit
 def member_noise_kernel(
-    x, y, words, floats, token_slots, sorted_tokens, tokens_per_lora, token_start, lora_ids,
-    groups, N, K, x_stride, y_stride, header_words, header_floats,
+    staged, y, words, floats, token_slots, sorted_tokens, tokens_per_lora, token_start, lora_ids,
+    groups, N, K, staged_stride, y_stride, header_words, header_floats,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS: tl.constexpr,
 ):  # fmt: skip
     """y[tokens of the tile, columns] += s * eps[columns, :] @ x[tokens]^T, s each token's
@@ -134,9 +144,12 @@ def member_noise_kernel(
     ALIGN-aligned entry at or before it, `shift` entries early: in whole 16-byte vectors,
     which Triton then streams asynchronously (unaligned, it loaded 2 bytes at a time, and the
     1.07B model's noise was read at about 1 TB/s of an H100's 3.35: docs/gpu.md). Loaded
-    column j holds the noise of input j - shift, so the inputs are read shifted instead; the
-    window's extra columns meet zero inputs. A pair's members share one input tile: one
-    gather and one product a K step, the tile's columns theirs."""
+    column j holds the noise of input j - shift, so the inputs come staged, shifted by their
+    member's `shift` (staged_inputs_kernel); the window's extra columns meet zero inputs.
+    Both loads of the loop are then whole aligned vectors, which Triton streams stages ahead
+    of the products; read shifted here, the input loads were unaligned, which Triton does
+    not stream, and every K step waited on one (the compiled sm_90 code). A pair's members
+    share one input tile: one gather and one product a K step, the tile's columns theirs."""
     g, row, rows = _tile_run(
         tl.program_id(0), lora_ids, tokens_per_lora, groups, words, header_words, BLOCK_M, GROUPS
     )
@@ -151,7 +164,8 @@ def member_noise_kernel(
             slot = tl.load(lora_ids + g)
             offset = tl.load(words + slot * header_words)
             shift = (offset % ALIGN).to(tl.int32)
-            table = tl.load(words + slot * header_words + 1).to(tl.pointer_type(x.dtype.element_ty))
+            address = tl.load(words + slot * header_words + 1)
+            table = address.to(tl.pointer_type(staged.dtype.element_ty))
             block = tl.multiple_of(table, 16) + tl.multiple_of(offset - shift, ALIGN)
             columns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -162,8 +176,27 @@ def member_noise_kernel(
                     mask=(columns[:, None] < N) & (js[None, :] < K + ALIGN),
                     other=0.0,
                 )
-                acc = tl.dot(eps, _inputs(x, x_stride, tokens, live, js - shift, K), acc)
+                inputs = tl.load(
+                    staged + tokens[None, :] * staged_stride + js[:, None],
+                    mask=live[None, :] & (js[:, None] < K + ALIGN),
+                    other=0.0,
+                )
+                acc = tl.dot(eps, inputs, acc)
             _add_product(y, y_stride, tokens, live, columns, N, scales, acc)
+
+
+def stage_inputs(x: torch.Tensor, words: torch.Tensor, token_slots: torch.Tensor) -> torch.Tensor:
+    """x [M, K] staged for member_noise_kernel (staged_inputs_kernel), `words` the layer's
+    header words. A staged row holds the shifted inputs and the window's extra columns,
+    rounded to 16 entries so that every row starts on a 32-byte boundary (and Triton, which
+    specializes on arguments divisible by 16, knows it)."""
+    m, k = x.shape
+    staged = torch.empty((m, triton.cdiv(k + ALIGN.value, 16) * 16), dtype=x.dtype, device=x.device)
+    staged_inputs_kernel[(m, triton.cdiv(staged.shape[1], STAGE_BLOCK))](
+        x, staged, token_slots, words, k, x.stride(0), staged.stride(0), words.stride(0),
+        BLOCK=STAGE_BLOCK,
+    )  # fmt: skip
+    return staged
 
 
 def block_m(tokens: int, groups: int) -> int:
@@ -216,12 +249,13 @@ def launch(
     m, k = x.shape
     words, floats = header_views(headers)
     lora_ids = mapping[4]
+    staged = stage_inputs(x, words, mapping[0])
     tile = block_m(m, groups)
     options = {"BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, **tiles}
     grid = (triton.cdiv(m, tile) + groups, triton.cdiv(out_features, options["BLOCK_N"]))
     member_noise_kernel[grid](
-        x, y, words, floats, *mapping, lora_ids.numel(), out_features, k, x.stride(0),
-        y.stride(0), words.stride(0), floats.stride(0), BLOCK_M=tile,
+        staged, y, words, floats, *mapping, lora_ids.numel(), out_features, k,
+        staged.stride(0), y.stride(0), words.stride(0), floats.stride(0), BLOCK_M=tile,
         GROUPS=triton.next_power_of_2(lora_ids.numel()), **options,
     )  # fmt: skip
 
