@@ -58,8 +58,12 @@ def test_the_kernels_loop_streams_both_of_its_loads_on_an_h100():
     unaligned load is not one of them: the inputs read shifted in the loop were a plain load
     that every K step waited on."""
     triton = pytest.importorskip("triton")
+    from triton.backends import backends
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    if "nvidia" not in backends:
+        pytest.skip("this Triton has no NVIDIA back end")
 
     from engine.backends.vllm.cuda import member_noise as cuda_noise
 
@@ -72,12 +76,7 @@ def test_the_kernels_loop_streams_both_of_its_loads_on_an_h100():
         constexprs={**tiles, "GROUPS": 64},
         attrs={(i,): [["tt.divisibility", 16]] for i, n in enumerate(signature) if n in ALIGNED_16},
     )
-    try:
-        compiled = triton.compile(
-            source, target=GPUTarget("cuda", 90, 32), options={"num_stages": 3}
-        )
-    except Exception as error:  # a Triton without its NVIDIA back end
-        pytest.skip(f"Triton cannot compile for sm_90 here: {error}")
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_stages": 3})
     code = compiled.asm["ttgir"].splitlines()
     noise = f"tensor<{tiles['BLOCK_N']}x{tiles['BLOCK_K']}x!tt.ptr<bf16>"
     inputs = f"tensor<{tiles['BLOCK_K']}x{tiles['BLOCK_M']}x!tt.ptr<bf16>"
