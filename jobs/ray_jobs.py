@@ -51,6 +51,12 @@ _MESSAGES = {
 }
 
 
+ENTRYPOINT_START_ERROR = "JOB_ENTRYPOINT_COMMAND_START_ERROR"
+"""The error type Ray's job supervisor gives any exception of its own while it runs a job."""
+SUPERVISOR_LOOKUP_FAILED = "psutil.NoSuchProcess"
+"""How that exception reads when a stop_job crossed the entrypoint's own exit."""
+
+
 class RayJobs:
     """Ray jobs at one address: the dashboard URL of the local head or RAY_ADDRESS."""
 
@@ -113,13 +119,30 @@ class RayJobs:
 
     def state(self, submission_id: str) -> JobState:
         try:
-            return JobState(str(self.client.get_job_status(submission_id)))
+            state = JobState(str(self.client.get_job_status(submission_id)))
+            if state is JobState.FAILED and self._stopped_as_it_exited(submission_id):
+                return JobState.STOPPED
+            return state
         except ConnectionError as exc:
             raise RayUnavailableError(f"Ray's job server went away: {exc}") from exc
         except RuntimeError as exc:
             if "404" in str(exc) or "does not exist" in str(exc):
                 return JobState.MISSING
             raise RayUnavailableError(f"Ray's job server failed: {_last_line(exc)}") from exc
+
+    def _stopped_as_it_exited(self, submission_id: str) -> bool:
+        """Whether a FAILED job is one whose stop crossed its own exit. Ray's job supervisor
+        (job_supervisor.py, Ray 2.60), once a stop_job arrives, looks the entrypoint's
+        process up to signal it; when the process has just exited by itself (a worker that
+        saw the cancel in the database and ended the run cancelled, as the scheduler asked
+        Ray to stop it), that lookup raises psutil.NoSuchProcess and the supervisor records
+        the job FAILED, with no exit code. The stop was asked and nothing failed: STOPPED."""
+        info = self.client.get_job_info(submission_id)
+        return (
+            info.driver_exit_code is None
+            and getattr(info.error_type, "value", info.error_type) == ENTRYPOINT_START_ERROR
+            and SUPERVISOR_LOOKUP_FAILED in (info.message or "")
+        )
 
     def stop(self, submission_id: str) -> bool:
         """Ask Ray to stop the job: SIGTERM to its processes, then SIGKILL after the job's

@@ -142,7 +142,8 @@ def test_two_runs_at_once_write_without_database_locked_errors(
 @pytest.mark.parametrize(
     ("heartbeat", "ends_as"),
     [
-        # The worker's heartbeat may see the cancel before Ray's stop_job (SIGTERM) arrives.
+        # The worker's heartbeat may see the cancel before Ray's stop_job (SIGTERM) arrives
+        # (a stop_job that crosses that exit reads STOPPED: RayJobs.state).
         (0.3, {JobState.SUCCEEDED, JobState.STOPPED}),
         (30.0, {JobState.STOPPED}),  # only Ray's stop_job can stop it in time
     ],
